@@ -1,0 +1,63 @@
+"""Engine configuration, validated once at construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DTYPES = ("bfloat16", "float16", "float32")
+BATCHING_MODES = ("static", "continuous")
+
+
+@dataclass
+class EngineConfig:
+    """How the engine loads its model and schedules requests.
+
+    Args:
+        model: A Hugging Face directory, a ``.gguf`` file, a hub id, or ``"default"``
+            (the embedded SmolLM2-135M-Instruct).
+        dtype: Weight and activation dtype: ``bfloat16`` (default on CPU), ``float16``
+            or ``float32``.
+        device: Torch device string.
+        max_seq_len: Longest prompt + completion a request may have; sizes the KV cache.
+        max_batch_size: Requests that run together in one forward (KV cache rows).
+        max_waiting_requests: Queue length past which ``add_request`` refuses (503).
+        batching_mode: ``"continuous"`` (admit and retire every step) or ``"static"``
+            (a batch runs to completion before the next is formed).
+        batch_wait_timeout_s: Static mode: how long to wait for a batch to fill.
+        prefill_token_budget: Prompt tokens prefilled per step; longer prompts are
+            chunked across steps so running streams keep decoding.
+        seed: Seed for requests that set none (``None``: nondeterministic).
+        num_threads: Torch intra-op threads for the engine thread (``None``: torch default).
+
+    Raises:
+        ValueError: A field is out of range; the message names the field.
+    """
+
+    model: str = "default"
+    dtype: str = "bfloat16"
+    device: str = "cpu"
+    max_seq_len: int = 2048
+    max_batch_size: int = 16
+    max_waiting_requests: int = 64
+    batching_mode: str = "continuous"
+    batch_wait_timeout_s: float = 0.05
+    prefill_token_budget: int = 512
+    seed: int | None = None
+    num_threads: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.batching_mode not in BATCHING_MODES:
+            raise ValueError(
+                f"batching_mode must be one of {BATCHING_MODES}, got {self.batching_mode!r}"
+            )
+        for name in ("max_seq_len", "max_batch_size", "prefill_token_budget"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_waiting_requests < 0:
+            raise ValueError(f"max_waiting_requests must be >= 0, got {self.max_waiting_requests}")
+        if self.batch_wait_timeout_s < 0:
+            raise ValueError(f"batch_wait_timeout_s must be >= 0, got {self.batch_wait_timeout_s}")
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")

@@ -1,0 +1,322 @@
+"""Per-request sampling parameters and batched next-token sampling.
+
+The engine calls :func:`sample` once per step on the ``[B, V]`` logits of the last
+position of every running sequence. Each row is processed with its own parameters,
+generator and token history only, so a seeded request gives the same tokens whatever
+else shares its batch. A batch that is all greedy with no repetition penalty (the common
+case) is one ``argmax``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+MAX_STOP_STRINGS = 8
+MAX_LOGPROBS = 20
+MAX_TEMPERATURE = 100.0
+# torch.Generator.manual_seed accepts any value that fits in 64 bits, signed or not.
+_SEED_RANGE = (-(2**63), 2**64 - 1)
+
+
+@dataclass
+class SamplingParams:
+    """How one request picks its tokens and when it stops.
+
+    Args:
+        max_new_tokens: Most tokens to generate (>= 1).
+        temperature: Softmax temperature in ``[0, 100]``; 0 means greedy (argmax).
+        top_p: Nucleus sampling: keep the smallest set of tokens whose probability
+            mass reaches ``top_p``; in ``(0, 1]``, 1 disables it.
+        top_k: Keep only the ``top_k`` most likely tokens; 0 disables it.
+        repetition_penalty: Hugging Face style penalty (> 0) on every token already
+            seen in the prompt or the output; 1 disables it.
+        stop: Up to 8 non-empty strings; generation ends before the first of them.
+        seed: Seed of this request's own generator; ``None`` uses the global RNG.
+        ignore_eos: Keep generating past the end-of-sequence token.
+        logprobs: How many top log-probabilities to report per token (0 to 20).
+
+    Raises:
+        ValueError: A field is out of range; the message names the field.
+    """
+
+    max_new_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    repetition_penalty: float = 1.0
+    stop: list[str] = field(default_factory=list)
+    seed: int | None = None
+    ignore_eos: bool = False
+    logprobs: int = 0
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        # Written as `not (lo <= x <= hi)` so that NaN is rejected too.
+        if not (0.0 <= self.temperature <= MAX_TEMPERATURE):
+            raise ValueError(
+                f"temperature must be in [0, {MAX_TEMPERATURE:g}], got {self.temperature}"
+            )
+        if not (0.0 < self.top_p <= 1.0):
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if not (self.repetition_penalty > 0 and math.isfinite(self.repetition_penalty)):
+            raise ValueError(
+                f"repetition_penalty must be a finite number > 0, got {self.repetition_penalty}"
+            )
+        if not (0 <= self.logprobs <= MAX_LOGPROBS):
+            raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
+        if self.seed is not None and not (_SEED_RANGE[0] <= self.seed <= _SEED_RANGE[1]):
+            raise ValueError(f"seed must fit in 64 bits, got {self.seed}")
+        self._check_stop()
+
+    def _check_stop(self) -> None:
+        if isinstance(self.stop, str) or not isinstance(self.stop, list | tuple):
+            raise ValueError(f"stop must be a list of strings, got {type(self.stop).__name__}")
+        if len(self.stop) > MAX_STOP_STRINGS:
+            raise ValueError(
+                f"stop allows at most {MAX_STOP_STRINGS} strings, got {len(self.stop)}"
+            )
+        for s in self.stop:
+            if not isinstance(s, str) or not s:
+                raise ValueError(f"stop strings must be non-empty strings, got {s!r}")
+        self.stop = list(self.stop)
+
+    @property
+    def greedy(self) -> bool:
+        """Whether this request takes the argmax instead of sampling."""
+        return self.temperature == 0.0
+
+
+def make_generator(seed: int | None, device: str | torch.device = "cpu") -> torch.Generator | None:
+    """Build a request's private random generator.
+
+    Args:
+        seed: The request's seed; ``None`` for no private generator.
+        device: Device the logits live on (a generator must match it).
+
+    Returns:
+        A seeded generator, or ``None`` so that sampling falls back to the global RNG.
+    """
+    if seed is None:
+        return None
+    generator = torch.Generator(device=device)
+    generator.manual_seed(seed)
+    return generator
+
+
+def apply_repetition_penalty(logits: Tensor, history: Sequence[int], penalty: float) -> Tensor:
+    """Penalise every token id seen in ``history`` (Hugging Face semantics).
+
+    Positive logits are divided by ``penalty`` and negative ones multiplied by it, so
+    a penalty > 1 always makes a seen token less likely. Each id counts once however
+    often it was seen.
+
+    Args:
+        logits: ``[V]`` float logits of one row.
+        history: Prompt and generated token ids of that row.
+        penalty: The penalty; 1 returns ``logits`` unchanged.
+
+    Returns:
+        A new ``[V]`` tensor (or ``logits`` itself when there is nothing to do).
+    """
+    if penalty == 1.0 or not history:
+        return logits
+    ids = torch.tensor(sorted(set(history)), dtype=torch.long, device=logits.device)
+    # Ids past the logits' width (tokenizer added tokens the head lacks) cannot be sampled.
+    ids = ids[(ids >= 0) & (ids < logits.shape[-1])]
+    seen = logits[ids]
+    out = logits.clone()
+    out[ids] = torch.where(seen < 0, seen * penalty, seen / penalty)
+    return out
+
+
+def apply_top_k(logits: Tensor, k: int) -> Tensor:
+    """Keep exactly the ``k`` largest logits and set the rest to ``-inf``.
+
+    Args:
+        logits: ``[V]`` float logits of one row.
+        k: How many to keep; 0 or ``k >= V`` returns ``logits`` unchanged.
+
+    Returns:
+        The masked ``[V]`` logits.
+    """
+    if k <= 0 or k >= logits.shape[-1]:
+        return logits
+    top = torch.topk(logits, k)
+    # Scatter instead of thresholding at the k-th value, so ties never keep more than k.
+    out = torch.full_like(logits, -math.inf)
+    return out.scatter_(-1, top.indices, top.values)
+
+
+def apply_top_p(logits: Tensor, p: float) -> Tensor:
+    """Keep the smallest set of most likely tokens whose probability mass reaches ``p``.
+
+    Args:
+        logits: ``[V]`` float logits of one row (already temperature scaled).
+        p: Mass to keep, in ``(0, 1]``; 1 returns ``logits`` unchanged.
+
+    Returns:
+        The masked ``[V]`` logits; the most likely token is always kept.
+    """
+    if p >= 1.0:
+        return logits
+    sorted_logits, order = torch.sort(logits, descending=True)
+    probs = torch.softmax(sorted_logits, dim=-1)
+    # A token is dropped when the tokens before it already hold mass >= p.
+    mass_before = torch.cumsum(probs, dim=-1) - probs
+    drop = mass_before >= p
+    drop[0] = False
+    sorted_logits = sorted_logits.masked_fill(drop, -math.inf)
+    return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
+
+
+def sampling_probs(logits: Tensor, params: SamplingParams, history: Sequence[int]) -> Tensor:
+    """The distribution one sampling row draws from.
+
+    Applies, in order: repetition penalty, temperature, top-k, top-p.
+
+    Args:
+        logits: ``[V]`` float32 logits of one row.
+        params: The row's parameters; ``temperature`` must be > 0.
+        history: The row's prompt + generated ids.
+
+    Returns:
+        ``[V]`` probabilities summing to 1 (0 for masked tokens).
+
+    Raises:
+        ValueError: ``params`` is greedy (there is no distribution to draw from).
+    """
+    if params.greedy:
+        raise ValueError("sampling_probs needs temperature > 0")
+    logits = apply_repetition_penalty(logits, history, params.repetition_penalty)
+    logits = apply_top_k(logits / params.temperature, params.top_k)
+    logits = apply_top_p(logits, params.top_p)
+    return torch.softmax(logits, dim=-1)
+
+
+def _sample_row(
+    logits: Tensor,
+    params: SamplingParams,
+    generator: torch.Generator | None,
+    history: Sequence[int],
+) -> int:
+    """Pick one token for one row that is not plain greedy."""
+    if params.greedy:
+        penalized = apply_repetition_penalty(logits, history, params.repetition_penalty)
+        return int(torch.argmax(penalized))
+    probs = sampling_probs(logits, params, history)
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def sample(
+    logits: Tensor,
+    params: Sequence[SamplingParams],
+    generators: Sequence[torch.Generator | None],
+    histories: Sequence[Sequence[int]],
+) -> list[int]:
+    """Pick the next token of every row of a batch.
+
+    A row's token depends only on its own logits, parameters, generator and history,
+    never on the other rows. Rows that are greedy without a penalty share one argmax;
+    the others are processed one by one in float32.
+
+    Args:
+        logits: ``[B, V]`` logits of the last position of each sequence.
+        params: Sampling parameters of each row.
+        generators: Each row's generator, or ``None`` for the global RNG.
+        histories: Each row's prompt + generated ids (for the repetition penalty).
+
+    Returns:
+        The ``B`` chosen token ids.
+
+    Raises:
+        ValueError: ``logits`` is not 2-D or the sequences do not all have ``B`` items.
+    """
+    if logits.dim() != 2:
+        raise ValueError(f"logits must be [B, V], got shape {tuple(logits.shape)}")
+    batch = logits.shape[0]
+    if not (len(params) == len(generators) == len(histories) == batch):
+        raise ValueError(
+            f"need one params, generator and history per row: B={batch}, got "
+            f"{len(params)}, {len(generators)}, {len(histories)}"
+        )
+    plain = [p.greedy and p.repetition_penalty == 1.0 for p in params]
+    # Argmax is exact in any float dtype, so the fast path skips the float32 copy.
+    tokens: list[int] = torch.argmax(logits, dim=-1).tolist()
+    if all(plain):
+        return tokens
+    for row in range(batch):
+        if not plain[row]:
+            tokens[row] = _sample_row(
+                logits[row].float(), params[row], generators[row], histories[row]
+            )
+    return tokens
+
+
+def sample_token(
+    logits: Tensor,
+    params: SamplingParams,
+    generator: torch.Generator | None = None,
+    history: Sequence[int] = (),
+) -> int:
+    """Pick the next token of a single sequence (see :func:`sample`).
+
+    Args:
+        logits: ``[V]`` logits of the last position.
+        params: The request's sampling parameters.
+        generator: The request's generator, or ``None`` for the global RNG.
+        history: Prompt + generated ids so far.
+
+    Returns:
+        The chosen token id.
+
+    Raises:
+        ValueError: ``logits`` is not 1-D.
+    """
+    if logits.dim() != 1:
+        raise ValueError(f"logits must be [V], got shape {tuple(logits.shape)}")
+    return sample(logits.unsqueeze(0), [params], [generator], [history])[0]
+
+
+def token_logprobs(
+    logits: Tensor, tokens: Sequence[int], k: int
+) -> list[tuple[float, list[tuple[int, float]]]]:
+    """Log-probabilities of the chosen tokens and of each row's top ``k`` tokens.
+
+    Computed from the raw logits (before penalty, temperature and truncation), as the
+    OpenAI API reports them.
+
+    Args:
+        logits: ``[B, V]`` raw logits.
+        tokens: The ``B`` chosen token ids.
+        k: How many top alternatives to report per row (0 for none).
+
+    Returns:
+        Per row, ``(chosen_logprob, [(token_id, logprob), ...])`` with the list sorted by
+        decreasing logprob.
+
+    Raises:
+        ValueError: Shapes disagree or ``k`` is out of ``[0, V]``.
+    """
+    if logits.dim() != 2 or logits.shape[0] != len(tokens):
+        raise ValueError(
+            f"need [B, V] logits and B tokens, got {tuple(logits.shape)} and {len(tokens)}"
+        )
+    if not (0 <= k <= logits.shape[1]):
+        raise ValueError(f"k must be in [0, {logits.shape[1]}], got {k}")
+    logp = torch.log_softmax(logits.float(), dim=-1)  # [B, V]
+    index = torch.tensor(tokens, dtype=torch.long, device=logits.device).unsqueeze(1)
+    chosen: list[float] = logp.gather(1, index).squeeze(1).tolist()
+    if k == 0:
+        return [(c, []) for c in chosen]
+    top = torch.topk(logp, k, dim=-1)
+    ids: list[list[int]] = top.indices.tolist()
+    values: list[list[float]] = top.values.tolist()
+    return [(c, list(zip(i, v, strict=True))) for c, i, v in zip(chosen, ids, values, strict=True)]

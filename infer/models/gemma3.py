@@ -1,0 +1,46 @@
+"""Gemma3 (text): sandwich norms, (1 + w) RMSNorm, scaled embeddings, local/global layers.
+
+Sliding-window layers and global layers each have their own rotary base (and scaling); the
+per-layer-type cos/sin and masks are built once per forward in :class:`CausalLM`.
+Attention scale is ``query_pre_attn_scalar ** -0.5``; the final logit soft cap applies when
+configured. ``attn_logit_softcapping`` is ignored, as in transformers' Gemma3 (it was Gemma2's,
+and Gemma3 checkpoints set it to null).
+"""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from infer.models.base import CausalLM
+from infer.models.config import ModelConfig
+from infer.models.layers import Attention, ForwardContext, GatedMLP, RMSNorm
+
+GEMMA_NORM_OFFSET = 1.0
+
+
+class Gemma3DecoderLayer(nn.Module):
+    """Norms before and after both the attention and the MLP."""
+
+    def __init__(self, config: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        h, eps, off = config.hidden_size, config.rms_norm_eps, GEMMA_NORM_OFFSET
+        self.input_layernorm = RMSNorm(h, eps, off)
+        self.self_attn = Attention(config, layer_idx, qk_norm=True, norm_offset=off)
+        self.post_attention_layernorm = RMSNorm(h, eps, off)
+        self.pre_feedforward_layernorm = RMSNorm(h, eps, off)
+        self.mlp = GatedMLP(config)
+        self.post_feedforward_layernorm = RMSNorm(h, eps, off)
+
+    def forward(self, x: Tensor, ctx: ForwardContext) -> Tensor:
+        x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), ctx))
+        return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+
+
+class Gemma3ForCausalLM(CausalLM):
+    """Gemma3 text decoder."""
+
+    norm_offset = GEMMA_NORM_OFFSET
+    embed_scale = True
+
+    def make_layer(self, layer_idx: int) -> nn.Module:
+        return Gemma3DecoderLayer(self.config, layer_idx)

