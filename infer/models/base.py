@@ -26,7 +26,7 @@ class ForwardOutput:
     """``logits`` is float32 ``[B, V]`` with ``logits_index``, else ``[B, T, V]``."""
 
     logits: Tensor
-    attn: Tensor | None = None  # [B, H, T, S] float32 for the captured layer
+    attn: dict[int, Tensor] | None = None  # layer → [B, H, T, S] float32, when captured
 
 
 class DecoderStack(nn.Module):
@@ -96,11 +96,11 @@ class CausalLM(nn.Module, ABC):
             rows: Cache row of each batch row (default ``0..B-1``).
             logits_index: ``[B]`` index into T of the one token per row to return logits for
                 (each row's last real token); ``None`` returns logits for every token.
-            capture: Return attention probabilities of one layer.
+            capture: Return the attention probabilities of some layers.
             kv_len: Attended length (``max(positions) + 1``) if the caller knows it.
 
         Returns:
-            The logits and, when ``capture`` was given, that layer's attention probabilities.
+            The logits and, when ``capture`` was given, those layers' attention probabilities.
         """
         ctx = self._context(positions, cache, rows, capture, kv_len)
         x = self.model.embed_tokens(input_ids)

@@ -165,7 +165,7 @@ def _write_tensors(
         if spec != (name, tuple(tensor.shape)):
             raise ValueError(f"tensor {name} {tuple(tensor.shape)} does not match header {spec}")
         data = tensor.to(dtype).contiguous().reshape(-1).view(torch.uint8)  # little-endian
-        f.write(memoryview(data.numpy()))
+        f.write(data.numpy().data)
     if next(expected, None) is not None:
         raise ValueError("fewer tensors than the header lists")
 

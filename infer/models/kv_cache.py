@@ -50,3 +50,12 @@ class KVCache:
         if src != dst and length > 0:
             self.k[:, dst, :, :length] = self.k[:, src, :, :length]
             self.v[:, dst, :, :length] = self.v[:, src, :, :length]
+
+    def swap_rows(self, a: int, b: int, len_a: int, len_b: int) -> None:
+        """Exchange the first ``len_a`` positions of row ``a`` with ``len_b`` of row ``b``."""
+        if a == b:
+            return
+        keep_k, keep_v = self.k[:, a, :, :len_a].clone(), self.v[:, a, :, :len_a].clone()
+        self.copy_row(b, a, len_b)
+        self.k[:, b, :, :len_a] = keep_k
+        self.v[:, b, :, :len_a] = keep_v

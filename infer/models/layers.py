@@ -71,10 +71,10 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 @dataclass
 class AttnCapture:
-    """Ask one layer to hand back its attention probabilities ``[B, H, T, S]`` (float32)."""
+    """Ask some layers to hand back their attention probabilities ``[B, H, T, S]`` (float32)."""
 
-    layer: int
-    probs: Tensor | None = None
+    layers: frozenset[int]
+    probs: dict[int, Tensor] = field(default_factory=dict)
 
 
 @dataclass
@@ -163,7 +163,7 @@ class Attention(nn.Module):
         keys, values = ctx.read_kv(self.layer_idx, k, v)  # [B, K, S, D]
         q = q.transpose(1, 2)  # [B, H, T, D]
         mask = ctx.masks[self.layer_type]
-        capture = ctx.capture if ctx.capture and ctx.capture.layer == self.layer_idx else None
+        capture = ctx.capture if ctx.capture and self.layer_idx in ctx.capture.layers else None
         if capture is None:
             out = F.scaled_dot_product_attention(
                 q, keys, values, attn_mask=mask, scale=self.scale, enable_gqa=True
@@ -173,8 +173,9 @@ class Attention(nn.Module):
             keys = keys.repeat_interleave(groups, dim=1)
             values = values.repeat_interleave(groups, dim=1)
             scores = torch.matmul(q, keys.transpose(-1, -2)).float() * self.scale  # [B, H, T, S]
-            capture.probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
-            out = torch.matmul(capture.probs.to(values.dtype), values)
+            probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+            capture.probs[self.layer_idx] = probs
+            out = torch.matmul(probs.to(values.dtype), values)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
 

@@ -1,0 +1,272 @@
+"""The engine: requests in, one batched step at a time, token outputs out.
+
+Synchronous and single-threaded: the server calls every method from its one engine thread.
+``step()`` reads as three calls: schedule, run, process outputs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from infer.engine.config import EngineConfig
+from infer.engine.detokenizer import IncrementalDetokenizer
+from infer.engine.request import (
+    FinishReason,
+    Request,
+    RequestStatus,
+    StepOutput,
+    TraceSpec,
+)
+from infer.engine.runner import ModelRunner, RunnerOutput
+from infer.engine.sampler import SamplingParams, make_generator, sample, token_logprobs
+from infer.engine.scheduler import Scheduler, SchedulerOutput, make_scheduler
+from infer.models.base import CausalLM
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+class QueueFullError(Exception):
+    """``max_waiting_requests`` requests are already waiting (answer 503)."""
+
+
+class Engine:
+    """Continuous or static batching over one model and one KV cache."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        model: CausalLM,
+        tokenizer: PreTrainedTokenizerBase,
+        eos_token_ids: Sequence[int] = (),
+        model_name: str = "model",
+    ) -> None:
+        self.config = config
+        self.model = model
+        self.tokenizer = tokenizer
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.model_name = model_name
+        self.scheduler: Scheduler = make_scheduler(config)
+        self.runner = ModelRunner(model, config)
+        self._ids = itertools.count()
+        self._aborts: list[str] = []
+        # With an engine seed, requests that bring none still sample reproducibly.
+        self._seeds = random.Random(config.seed) if config.seed is not None else None
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> Engine:
+        """Load ``config.model`` and build an engine on it.
+
+        Raises:
+            LoadError: The model cannot be loaded.
+        """
+        from infer.models.loader import load_model
+
+        loaded = load_model(config.model, DTYPES[config.dtype], config.device)
+        return cls(config, loaded.model, loaded.tokenizer, loaded.eos_token_ids, loaded.name)
+
+    @classmethod
+    def from_components(
+        cls,
+        config: EngineConfig,
+        model: CausalLM,
+        tokenizer: PreTrainedTokenizerBase,
+        eos_token_ids: Sequence[int] | None = None,
+    ) -> Engine:
+        """Build on a model already in memory (tests, tiny or mock models)."""
+        eos = eos_token_ids
+        if eos is None:
+            eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+        return cls(config, model, tokenizer, eos)
+
+    def add_request(
+        self,
+        prompt: str | Sequence[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        trace: TraceSpec | None = None,
+    ) -> Request:
+        """Tokenize (if needed), check and queue a request.
+
+        Raises:
+            ValueError: The prompt is empty, has ids outside the vocabulary, or prompt +
+                ``max_new_tokens`` exceeds ``max_seq_len``; a trace names a missing layer.
+            QueueFullError: Too many requests are waiting.
+        """
+        ids = self.encode(prompt)
+        self.check_length(len(ids), params.max_new_tokens)
+        n_layers = self.model.config.num_hidden_layers
+        if trace is not None and trace.layer is not None and not 0 <= trace.layer < n_layers:
+            raise ValueError(f"trace layer must be in [0, {n_layers - 1}], got {trace.layer}")
+        request = Request(request_id or f"req-{next(self._ids)}", ids, params, trace=trace)
+        seed = params.seed
+        if seed is None and self._seeds is not None:
+            seed = self._seeds.getrandbits(63)
+        request.generator = make_generator(seed, self.model.device)
+        request.detokenizer = IncrementalDetokenizer(self.tokenizer, ids, stop=params.stop)
+        if not self.scheduler.add_request(request):
+            raise QueueFullError(f"{self.config.max_waiting_requests} requests already waiting")
+        return request
+
+    def encode(self, prompt: str | Sequence[int]) -> list[int]:
+        """Token ids of a prompt (a string is tokenized with special tokens as written)."""
+        if isinstance(prompt, str):
+            ids = self.tokenizer.encode(prompt, add_special_tokens=False) if prompt else []
+        else:
+            ids = list(prompt)
+            vocab = self.model.config.vocab_size
+            if any(not isinstance(i, int) or not 0 <= i < vocab for i in ids):
+                raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
+        if not ids:
+            raise ValueError("prompt is empty")
+        return ids
+
+    def check_length(self, prompt_len: int, max_new_tokens: int) -> None:
+        """Raise ``ValueError`` if the request cannot fit in ``max_seq_len``."""
+        if prompt_len + max_new_tokens > self.config.max_seq_len:
+            raise ValueError(
+                f"prompt ({prompt_len} tokens) + max_tokens ({max_new_tokens}) exceeds "
+                f"max_seq_len ({self.config.max_seq_len})"
+            )
+
+    def abort(self, request_id: str) -> None:
+        """End a request at the next step and free its slot; unknown or finished ids are ignored."""
+        self._aborts.append(request_id)
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work() or bool(self._aborts)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.scheduler.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting)
+
+    def step(self) -> list[StepOutput]:
+        """Schedule, run one batched forward (decode + prefill), and turn logits into outputs."""
+        outputs = self._apply_aborts()
+        plan = self.scheduler.schedule()
+        if plan.is_empty:
+            return outputs
+        try:
+            result = self.runner.run(plan)
+        except Exception as e:  # noqa: BLE001 - any forward failure fails this step's requests
+            return outputs + self._fail(plan, e)
+        return outputs + self._process(result)
+
+    def _process(self, result: RunnerOutput) -> list[StepOutput]:
+        requests, logits = result.requests, result.logits
+        if not requests or logits is None:
+            return []
+        penalized = any(r.params.repetition_penalty != 1.0 for r in requests)
+        tokens = sample(
+            logits,
+            [r.params for r in requests],
+            [r.generator for r in requests],
+            [r.history if penalized else () for r in requests],
+        )
+        top_k = max(max(r.params.logprobs, r.trace.top_k if r.trace else 0) for r in requests)
+        wanted = any(r.params.logprobs or r.trace for r in requests)
+        lps = token_logprobs(logits, tokens, top_k) if wanted else None
+        outputs = []
+        for i, (req, token) in enumerate(zip(requests, tokens, strict=True)):
+            out = self._append_token(req, token)
+            if lps is not None:
+                chosen, top = lps[i]
+                if req.params.logprobs:
+                    out.logprob, out.top_logprobs = chosen, top[: req.params.logprobs]
+                if req.trace is not None:
+                    attn = result.attn.get(req.request_id)
+                    out.trace = self._trace(req.trace, logits[i], top, attn)
+            outputs.append(out)
+        return outputs
+
+    def _append_token(self, req: Request, token: int) -> StepOutput:
+        if req.status == RequestStatus.PREFILL:
+            req.status = RequestStatus.DECODE
+            req.first_token_time = time.monotonic()
+        req.output_ids.append(token)
+        detok = req.detokenizer
+        assert detok is not None  # set in add_request
+        reason: FinishReason | None = None
+        if token in self.eos_token_ids and not req.params.ignore_eos:
+            delta, reason = detok.finish(), FinishReason.EOS
+        else:
+            delta = detok.add(token)
+            if detok.stopped:
+                reason = FinishReason.STOP
+            elif len(req.output_ids) >= req.params.max_new_tokens:
+                delta, reason = delta + detok.finish(), FinishReason.LENGTH
+        if reason is not None:
+            req.finish(RequestStatus.FINISHED, reason)
+            self._release(req)
+        return self._output(req, token, delta)
+
+    def _trace(
+        self,
+        spec: TraceSpec,
+        logits: torch.Tensor,
+        top: list[tuple[int, float]],
+        attn: torch.Tensor | None,
+    ) -> dict[str, Any]:
+        """Entropy (nats) and top-k of the raw next-token distribution, plus attention."""
+        logp = torch.log_softmax(logits, dim=-1)
+        entropy = float(-(logp.exp() * logp).sum())
+        return {
+            "entropy": entropy,
+            "topk": [
+                {"token_id": t, "token": self.tokenizer.decode([t]), "prob": math.exp(lp)}
+                for t, lp in top[: spec.top_k]
+            ],
+            "attn": attn.tolist() if attn is not None else None,
+        }
+
+    def _apply_aborts(self) -> list[StepOutput]:
+        outputs = []
+        aborts, self._aborts = self._aborts, []
+        for request_id in aborts:
+            req = self.scheduler.find(request_id)
+            if req is None or req.is_finished:
+                continue
+            req.finish(RequestStatus.ABORTED, FinishReason.ABORT)
+            self._release(req)
+            outputs.append(self._output(req, None, ""))
+        return outputs
+
+    def _fail(self, plan: SchedulerOutput, error: Exception) -> list[StepOutput]:
+        oom = isinstance(error, (torch.OutOfMemoryError, MemoryError))
+        code = "OUT_OF_MEMORY" if oom else "INFERENCE_FAILED"
+        message = f"{type(error).__name__}: {error}".splitlines()[0][:300]
+        outputs = []
+        for req in [c.request for c in plan.prefill] + plan.decode:
+            req.finish(RequestStatus.FAILED, FinishReason.ERROR, message, code)
+            self._release(req)
+            outputs.append(self._output(req, None, ""))
+        return outputs
+
+    def _release(self, req: Request) -> None:
+        self.scheduler.remove(req)
+        self.runner.free(req)
+
+    def _output(self, req: Request, token: int | None, delta: str) -> StepOutput:
+        return StepOutput(
+            request_id=req.request_id,
+            token_id=token,
+            text_delta=delta,
+            finished=req.is_finished,
+            finish_reason=req.finish_reason.value if req.finish_reason else None,
+            error=req.error,
+            error_code=req.error_code,
+            prompt_tokens=req.prompt_len,
+            completion_tokens=len(req.output_ids),
+        )
+
