@@ -1,0 +1,233 @@
+"""The engine end to end on a tiny random Llama (fp32) with the real default tokenizer."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import pytest
+import torch
+import transformers
+
+from infer.engine.config import EngineConfig
+from infer.engine.engine import Engine, QueueFullError
+from infer.engine.generate import generate
+from infer.engine.request import StepOutput
+from infer.engine.sampler import SamplingParams
+from infer.models.base import CausalLM
+from infer.models.config import ModelConfig
+from infer.models.registry import create_model
+
+GREEDY = SamplingParams(max_new_tokens=12, temperature=0.0, ignore_eos=True)
+SEEDED = SamplingParams(max_new_tokens=12, temperature=0.9, top_p=0.95, top_k=50, seed=7,
+                        ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def tiny_model() -> CausalLM:
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(
+        vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
+    )
+    ref = transformers.LlamaForCausalLM(cfg)
+    config = ModelConfig.from_hf(cfg.to_dict() | {"architectures": ["LlamaForCausalLM"]})
+    return create_model(config, ref.state_dict().items(), torch.float32)
+
+
+def _engine(model, tokenizer, **kw) -> Engine:
+    config = EngineConfig(**({"max_batch_size": 4, "max_seq_len": 256} | kw))
+    return Engine.from_components(config, model, tokenizer, eos_token_ids=[])
+
+
+def _run(engine: Engine, until: int | None = None) -> dict[str, list[StepOutput]]:
+    """Step until idle (or ``until`` steps); outputs by request id."""
+    outs: dict[str, list[StepOutput]] = {}
+    steps = 0
+    while engine.has_work() and (until is None or steps < until):
+        for o in engine.step():
+            outs.setdefault(o.request_id, []).append(o)
+        steps += 1
+    return outs
+
+
+def _tokens(outs: list[StepOutput]) -> list[int]:
+    return [o.token_id for o in outs if o.token_id is not None]
+
+
+def _text(outs: list[StepOutput]) -> str:
+    return "".join(o.text_delta for o in outs)
+
+
+PROMPTS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Hi",
+    "Once upon a time, in a land far far away, there lived a small dragon who " * 3,
+    "1 2 3 4 5",
+    "Bonjour, je m'appelle",
+]
+
+
+def _alone(model, tokenizer, prompt: str, params: SamplingParams) -> list[int]:
+    engine = _engine(model, tokenizer)
+    req = engine.add_request(prompt, params)
+    return _tokens(_run(engine)[req.request_id])
+
+
+@pytest.mark.parametrize("params", [GREEDY, SEEDED], ids=["greedy", "seeded"])
+@pytest.mark.parametrize("mode", ["static", "continuous"])
+def test_batch_invariance(tiny_model, default_tokenizer, params, mode) -> None:
+    alone = [_alone(tiny_model, default_tokenizer, p, params) for p in PROMPTS]
+    engine = _engine(tiny_model, default_tokenizer, batching_mode=mode, batch_wait_timeout_s=0,
+                     prefill_token_budget=24)
+    reqs = [engine.add_request(p, params) for p in PROMPTS[:3]]
+    outs = _run(engine, until=4)  # the first three are mid-flight when the others join
+    reqs += [engine.add_request(p, params) for p in PROMPTS[3:]]
+    for rid, more in _run(engine).items():
+        outs.setdefault(rid, []).extend(more)
+    for req, expected in zip(reqs, alone, strict=True):
+        assert _tokens(outs[req.request_id]) == expected
+
+
+def test_engine_matches_plain_generate(tiny_model, default_tokenizer) -> None:
+    ids = default_tokenizer.encode(PROMPTS[0])
+    assert list(generate(tiny_model, ids, GREEDY)) == _alone(
+        tiny_model, default_tokenizer, PROMPTS[0], GREEDY
+    )
+
+
+def test_eos_ends_the_request(tiny_model, default_tokenizer) -> None:
+    tokens = _alone(tiny_model, default_tokenizer, PROMPTS[0], GREEDY)
+    eos = tokens[3]
+    engine = Engine.from_components(
+        EngineConfig(max_seq_len=256), tiny_model, default_tokenizer, eos_token_ids=[eos]
+    )
+    params = SamplingParams(max_new_tokens=12, temperature=0.0)
+    req = engine.add_request(PROMPTS[0], params)
+    outs = _run(engine)[req.request_id]
+    assert _tokens(outs) == tokens[: tokens.index(eos) + 1]
+    assert outs[-1].finished and outs[-1].finish_reason == "eos"
+    assert sum(o.finished for o in outs) == 1
+
+
+def test_stop_string_split_across_tokens_never_reaches_the_client(
+    tiny_model, default_tokenizer
+) -> None:
+    tokens = _alone(tiny_model, default_tokenizer, PROMPTS[0], SEEDED)
+    pieces = [
+        default_tokenizer.decode(tokens[: i + 1], skip_special_tokens=True)
+        for i in range(len(tokens))
+    ]
+    full = pieces[-1]
+    # A stop string made of the end of one token's text and the start of the next one's,
+    # at its first occurrence in the output.
+    cut = next(
+        len(p) for p in pieces[1:-1]
+        if len(p) >= 2 and full.find(full[len(p) - 2 : len(p) + 2]) == len(p) - 2
+    )
+    stop = full[cut - 2 : cut + 2]
+    params = SamplingParams(**(vars(SEEDED) | {"stop": [stop]}))
+    engine = _engine(tiny_model, default_tokenizer)
+    req = engine.add_request(PROMPTS[0], params)
+    outs = _run(engine)[req.request_id]
+    assert _text(outs) == full[: cut - 2]
+    assert outs[-1].finish_reason == "stop"
+
+
+def test_max_tokens_gives_length(tiny_model, default_tokenizer) -> None:
+    engine = _engine(tiny_model, default_tokenizer)
+    req = engine.add_request(PROMPTS[1], SamplingParams(max_new_tokens=3, temperature=0.0))
+    outs = _run(engine)[req.request_id]
+    assert len(_tokens(outs)) == 3
+    assert outs[-1].finish_reason == "length" and outs[-1].completion_tokens == 3
+
+
+def test_abort_one_request_others_unaffected_and_slot_reused(
+    tiny_model, default_tokenizer
+) -> None:
+    expected = [_alone(tiny_model, default_tokenizer, p, GREEDY) for p in PROMPTS[:3]]
+    engine = _engine(tiny_model, default_tokenizer, max_batch_size=2)
+    a, b, c = (engine.add_request(p, GREEDY) for p in PROMPTS[:3])
+    outs = _run(engine, until=3)
+    assert engine.num_running == 2 and engine.num_waiting == 1
+    engine.abort(a.request_id)
+    engine.abort(a.request_id)  # idempotent
+    for rid, more in _run(engine).items():
+        outs.setdefault(rid, []).extend(more)
+    assert outs[a.request_id][-1].finish_reason == "abort"
+    assert sum(o.finished for o in outs[a.request_id]) == 1
+    assert _tokens(outs[b.request_id]) == expected[1]
+    assert _tokens(outs[c.request_id]) == expected[2]  # c took a's slot
+    assert engine.runner.num_rows_used == 0
+
+
+def test_failed_forward_fails_its_requests_and_engine_recovers(
+    tiny_model, default_tokenizer, monkeypatch
+) -> None:
+    engine = _engine(tiny_model, default_tokenizer)
+    reqs = [engine.add_request(p, GREEDY) for p in PROMPTS[:2]]
+    _run(engine, until=2)
+
+    def boom(*args, **kwargs):
+        raise torch.OutOfMemoryError("simulated allocation failure")
+
+    monkeypatch.setattr(tiny_model, "forward", boom)
+    outs = engine.step()
+    assert {o.request_id for o in outs} == {r.request_id for r in reqs}
+    assert all(o.finished and o.finish_reason == "error" for o in outs)
+    assert all(o.error_code == "OUT_OF_MEMORY" and "simulated" in o.error for o in outs)
+    monkeypatch.undo()
+    assert not engine.has_work() and engine.runner.num_rows_used == 0
+    req = engine.add_request(PROMPTS[0], GREEDY)
+    assert _tokens(_run(engine)[req.request_id]) == _alone(
+        tiny_model, default_tokenizer, PROMPTS[0], GREEDY
+    )
+
+
+def test_rejects_bad_requests_before_queueing(tiny_model, default_tokenizer) -> None:
+    engine = _engine(tiny_model, default_tokenizer, max_seq_len=32, max_waiting_requests=1)
+    with pytest.raises(ValueError, match="exceeds max_seq_len"):
+        engine.add_request("hello " * 10, SamplingParams(max_new_tokens=30))
+    with pytest.raises(ValueError, match="empty"):
+        engine.add_request("", GREEDY)
+    with pytest.raises(ValueError, match="token ids"):
+        engine.add_request([1, 2, 10**9], GREEDY)
+    assert not engine.has_work()
+    engine.add_request("hi", SamplingParams(max_new_tokens=4))
+    with pytest.raises(QueueFullError):
+        engine.add_request("hi", SamplingParams(max_new_tokens=4))
+
+
+def test_no_leaks_after_200_requests(tiny_model, default_tokenizer) -> None:
+    engine = _engine(tiny_model, default_tokenizer, max_batch_size=8, max_waiting_requests=200)
+    refs = []
+    for i in range(200):
+        params = SamplingParams(max_new_tokens=1 + i % 4, temperature=0.0)
+        refs.append(weakref.ref(engine.add_request(PROMPTS[i % len(PROMPTS)], params)))
+        if i % 7 == 0:
+            engine.abort(f"req-{i}")
+    outs = _run(engine)
+    assert len(outs) == 200
+    assert all(sum(o.finished for o in v) == 1 for v in outs.values())
+    assert engine.runner.num_rows_used == 0 and not engine.runner._rows
+    assert not engine.scheduler.running and not engine.scheduler.waiting
+    del outs
+    gc.collect()
+    assert all(r() is None for r in refs)
+
+
+def test_traces_carry_topk_entropy_and_attention(tiny_model, default_tokenizer) -> None:
+    from infer.engine.request import TraceSpec
+
+    engine = _engine(tiny_model, default_tokenizer)
+    req = engine.add_request(PROMPTS[0], GREEDY, trace=TraceSpec(top_k=3, layer=1))
+    outs = _run(engine)[req.request_id]
+    prompt_len = len(default_tokenizer.encode(PROMPTS[0]))
+    for i, o in enumerate(outs):
+        assert o.trace is not None and o.trace["entropy"] > 0
+        top = o.trace["topk"]
+        assert len(top) == 3 and top[0]["token_id"] == o.token_id  # greedy takes the top one
+        assert top[0]["prob"] >= top[1]["prob"] >= top[2]["prob"]
+        attn = torch.tensor(o.trace["attn"])
+        assert attn.shape == (4, prompt_len + i)  # heads × context
+        torch.testing.assert_close(attn.sum(-1), torch.ones(4))
