@@ -1,0 +1,264 @@
+"""The engine thread and the channels between it and the request tasks.
+
+One trio worker thread runs the synchronous :class:`Engine`. Each loop iteration makes one
+``from_thread`` hop to the event loop, which hands the step's outputs to the request streams
+and takes back what arrived meanwhile (new requests, aborts); then the thread runs the next
+step. When the engine is idle the thread blocks in a second hop until something arrives.
+
+Request tasks never touch the engine: they ``submit`` (non-blocking, refused at once when the
+bounded queue is full) and iterate their :class:`RequestHandle`. A slow reader never stalls the
+step loop: when its bounded output channel is full, its outputs are coalesced; past
+``max_pending_tokens`` it is aborted and ended with a ``SLOW_CLIENT`` error.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from dataclasses import dataclass, field, replace
+
+import torch
+import trio
+
+from infer.engine.engine import Engine, QueueFullError
+from infer.engine.request import StepOutput, TraceSpec
+from infer.engine.sampler import SamplingParams
+
+
+@dataclass
+class _Submission:
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    trace: TraceSpec | None
+
+
+@dataclass
+class _Stream:
+    """Event-loop-side state of one request's output."""
+
+    send: trio.MemorySendChannel[StepOutput]
+    prompt_tokens: int
+    deadline: float = math.inf
+    pending: list[StepOutput] = field(default_factory=list)  # overflow, oldest first
+    pending_tokens: int = 0
+    timed_out: bool = False
+    closed: bool = False  # the reader is gone (abort sent) or the terminal output is queued
+
+
+class RequestHandle:
+    """A request's output stream: iterate it for :class:`StepOutput` until the finished one."""
+
+    def __init__(
+        self,
+        worker: EngineWorker,
+        request_id: str,
+        stream: _Stream,
+        receive: trio.MemoryReceiveChannel[StepOutput],
+    ) -> None:
+        self.request_id = request_id
+        self._worker = worker
+        self._stream = stream
+        self._receive = receive
+        self._done = False
+
+    def __aiter__(self) -> RequestHandle:
+        return self
+
+    async def __anext__(self) -> StepOutput:
+        if self._done:
+            raise StopAsyncIteration
+        try:  # the channel holds older outputs than the overflow list
+            out = self._receive.receive_nowait()
+        except trio.WouldBlock:
+            if self._stream.pending:
+                out = self._stream.pending.pop(0)
+                if not self._stream.pending:
+                    self._stream.pending_tokens = 0
+            else:
+                out = await self._receive.receive()
+        self._done = out.finished
+        return out
+
+    def abort(self) -> None:
+        """Stop generating (the client went away); idempotent, safe after the end."""
+        if not self._done:
+            self._done = True
+            self._worker._abort(self.request_id)
+
+
+class EngineWorker:
+    """Runs the engine in one thread and routes its outputs to request streams."""
+
+    def __init__(
+        self, engine: Engine, *, output_buffer: int = 64, max_pending_tokens: int = 4096
+    ) -> None:
+        self.engine = engine
+        self.output_buffer = output_buffer
+        self.max_pending_tokens = max_pending_tokens
+        capacity = max(engine.config.max_waiting_requests, 1)
+        self._submit_send, self._submit_receive = trio.open_memory_channel[_Submission](capacity)
+        self._streams: dict[str, _Stream] = {}
+        self._aborts: list[str] = []
+        self._activity = trio.Event()
+        self._engine_waiting = 0
+        self.running = 0
+        self.ready = False
+
+    @property
+    def waiting(self) -> int:
+        """Requests queued and not yet running (in the channel or the engine's queue)."""
+        return self._submit_send.statistics().current_buffer_used + self._engine_waiting
+
+    def submit(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        trace: TraceSpec | None = None,
+        timeout_s: float | None = None,
+    ) -> RequestHandle:
+        """Queue a request without blocking.
+
+        Raises:
+            QueueFullError: ``max_waiting_requests`` are already waiting.
+        """
+        if self.waiting >= self.engine.config.max_waiting_requests:
+            raise QueueFullError("the request queue is full")
+        request_id = f"req-{uuid.uuid4().hex[:20]}"
+        try:
+            self._submit_send.send_nowait(_Submission(request_id, prompt_ids, params, trace))
+        except trio.WouldBlock:
+            raise QueueFullError("the request queue is full") from None
+        send, receive = trio.open_memory_channel[StepOutput](self.output_buffer)
+        deadline = trio.current_time() + timeout_s if timeout_s is not None else math.inf
+        stream = self._streams[request_id] = _Stream(send, len(prompt_ids), deadline)
+        self._activity.set()
+        return RequestHandle(self, request_id, stream, receive)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run the engine loop in a worker thread until cancelled; then end every stream."""
+        try:
+            self.ready = True
+            task_status.started()
+            await trio.to_thread.run_sync(self._loop, limiter=trio.CapacityLimiter(1))
+        finally:
+            self.ready = False
+            for request_id in list(self._streams):
+                self._terminate(request_id, "abort", "CANCELLED", "the server is shutting down")
+
+    # --- engine thread -------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        if self.engine.config.num_threads:
+            torch.set_num_threads(self.engine.config.num_threads)
+        outputs: list[StepOutput] = []
+        with torch.inference_mode():
+            while True:
+                trio.from_thread.check_cancelled()
+                if not outputs and not self.engine.has_work():
+                    trio.from_thread.run(self._wait_for_activity)
+                submissions, aborts = trio.from_thread.run_sync(self._exchange, outputs)
+                outputs = self._admit(submissions)
+                for request_id in aborts:
+                    self.engine.abort(request_id)
+                outputs += self.engine.step()
+
+    def _admit(self, submissions: list[_Submission]) -> list[StepOutput]:
+        """Add new requests to the engine; a refused one gets its terminal output at once."""
+        refused = []
+        for s in submissions:
+            try:
+                self.engine.add_request(s.prompt_ids, s.params, s.request_id, s.trace)
+            except QueueFullError as e:
+                refused.append(_error(s, "OVERLOADED", str(e)))
+            except ValueError as e:
+                refused.append(_error(s, "INVALID_REQUEST", str(e)))
+        return refused
+
+    # --- event loop side (called through from_thread) -------------------------------------
+
+    async def _wait_for_activity(self) -> None:
+        await self._activity.wait()
+
+    def _exchange(self, outputs: list[StepOutput]) -> tuple[list[_Submission], list[str]]:
+        """Deliver a step's outputs; take the submissions and aborts that arrived."""
+        self._activity = trio.Event()
+        for out in outputs:
+            self._deliver(out)
+        now = trio.current_time()
+        for request_id, stream in self._streams.items():
+            if now >= stream.deadline and not stream.timed_out:
+                stream.timed_out = True
+                self._aborts.append(request_id)
+        submissions = []
+        while True:
+            try:
+                submissions.append(self._submit_receive.receive_nowait())
+            except trio.WouldBlock:
+                break
+        aborts, self._aborts = self._aborts, []
+        self.running = self.engine.num_running
+        self._engine_waiting = self.engine.num_waiting + len(submissions)
+        return submissions, aborts
+
+    def _deliver(self, out: StepOutput) -> None:
+        stream = self._streams.get(out.request_id)
+        if stream is None:
+            return
+        if out.finished:
+            del self._streams[out.request_id]
+            if stream.timed_out and out.finish_reason == "abort":
+                out = replace(out, finish_reason="length", error_code="TIMEOUT")
+        if not stream.closed:
+            self._push(stream, out)
+
+    def _push(self, stream: _Stream, out: StepOutput) -> None:
+        """Send if the reader keeps up; else coalesce, and give up on it past the hard limit."""
+        stream.closed = out.finished
+        if not stream.pending:
+            try:
+                stream.send.send_nowait(out)
+                return
+            except trio.WouldBlock:
+                pass
+        if stream.pending and not stream.pending[-1].finished:
+            stream.pending[-1] = _merge(stream.pending[-1], out)
+        else:
+            stream.pending.append(out)
+        stream.pending_tokens += 1
+        if stream.pending_tokens > self.max_pending_tokens and not out.finished:
+            self._aborts.append(out.request_id)
+            stream.pending = [
+                replace(
+                    out, text_delta="", token_id=None, finished=True, finish_reason="error",
+                    error="the client is not reading its stream fast enough",
+                    error_code="SLOW_CLIENT",
+                )
+            ]
+            stream.closed = True
+
+    def _terminate(self, request_id: str, reason: str, code: str, message: str) -> None:
+        stream = self._streams.pop(request_id)
+        if not stream.closed:
+            out = StepOutput(
+                request_id, None, "", True, reason, message, code, stream.prompt_tokens
+            )
+            self._push(stream, out)
+
+    def _abort(self, request_id: str) -> None:
+        stream = self._streams.get(request_id)
+        if stream is not None and not stream.closed:
+            stream.closed = True
+            self._aborts.append(request_id)
+            self._activity.set()
+
+
+def _merge(a: StepOutput, b: StepOutput) -> StepOutput:
+    """One output standing for two consecutive ones (per-token logprobs/traces are dropped)."""
+    return replace(
+        b, text_delta=a.text_delta + b.text_delta, logprob=None, top_logprobs=None, trace=None
+    )
+
+
+def _error(s: _Submission, code: str, message: str) -> StepOutput:
+    return StepOutput(s.request_id, None, "", True, "error", message, code, len(s.prompt_ids))

@@ -1,0 +1,136 @@
+"""The engine worker under trio: one thread, bounded channels, abort, slow readers, shutdown."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+import trio
+
+from infer.engine.config import EngineConfig
+from infer.engine.engine import Engine, QueueFullError
+from infer.engine.request import StepOutput
+from infer.engine.sampler import SamplingParams
+from infer.models.config import ModelConfig
+from infer.models.registry import create_model
+from infer.server.worker import EngineWorker
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(
+        vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
+    )
+    ref = transformers.LlamaForCausalLM(cfg)
+    config = ModelConfig.from_hf(cfg.to_dict() | {"architectures": ["LlamaForCausalLM"]})
+    return create_model(config, ref.state_dict().items(), torch.float32)
+
+
+def _worker(model, tokenizer, **kw) -> EngineWorker:
+    wkw = {k: kw.pop(k) for k in ("output_buffer", "max_pending_tokens") if k in kw}
+    config = EngineConfig(**({"max_batch_size": 4, "max_seq_len": 512} | kw))
+    return EngineWorker(Engine.from_components(config, model, tokenizer, []), **wkw)
+
+
+def _params(n: int = 16) -> SamplingParams:
+    return SamplingParams(max_new_tokens=n, temperature=0.0, ignore_eos=True)
+
+
+async def _collect(handle) -> list[StepOutput]:
+    return [out async for out in handle]
+
+
+async def test_streams_complete_with_one_terminal(tiny_model, default_tokenizer) -> None:
+    worker = _worker(tiny_model, default_tokenizer)
+    results: dict[int, list[StepOutput]] = {}
+    async with trio.open_nursery() as nursery:
+        await nursery.start(worker.run)
+
+        async def one(i: int) -> None:
+            results[i] = await _collect(worker.submit([1, 2, 3 + i], _params(8 + i)))
+
+        async with trio.open_nursery() as clients:
+            for i in range(6):
+                clients.start_soon(one, i)
+        nursery.cancel_scope.cancel()
+    for i, outs in results.items():
+        assert [o.finished for o in outs].count(True) == 1 and outs[-1].finished
+        assert outs[-1].finish_reason == "length"
+        assert sum(o.token_id is not None for o in outs) == 8 + i
+
+
+async def test_abort_frees_the_slot(tiny_model, default_tokenizer) -> None:
+    worker = _worker(tiny_model, default_tokenizer, max_batch_size=1)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(worker.run)
+        first = worker.submit([1, 2, 3], _params(400))
+        await first.__anext__()
+        first.abort()
+        first.abort()
+        second = await _collect(worker.submit([4, 5], _params(4)))  # needs first's only slot
+        assert second[-1].finish_reason == "length"
+        with trio.fail_after(30):
+            while worker.waiting or worker.engine.has_work():
+                await trio.sleep(0.01)
+        assert worker.engine.runner.num_rows_used == 0
+        nursery.cancel_scope.cancel()
+
+
+async def test_slow_reader_is_coalesced_then_ended(tiny_model, default_tokenizer) -> None:
+    worker = _worker(tiny_model, default_tokenizer, output_buffer=2, max_pending_tokens=1000)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(worker.run)
+        slow = worker.submit([1, 2, 3], _params(60))
+        fast = await _collect(worker.submit([7, 8], _params(60)))  # never waits on `slow`
+        assert fast[-1].finish_reason == "length"
+        outs = await _collect(slow)  # read only after it has finished
+        assert outs[-1].finish_reason == "length" and len(outs) < 60  # coalesced
+        alone = await _collect(worker.submit([1, 2, 3], _params(60)))
+        assert "".join(o.text_delta for o in outs) == "".join(o.text_delta for o in alone)
+
+        stuck = worker.submit([1, 2, 3], SamplingParams(max_new_tokens=400, temperature=0.0,
+                                                        ignore_eos=True))
+        worker.max_pending_tokens = 5
+        with trio.fail_after(60):
+            while worker.waiting or worker.engine.has_work():
+                await trio.sleep(0.01)
+        outs = await _collect(stuck)
+        assert outs[-1].finished and outs[-1].error_code == "SLOW_CLIENT"
+        assert sum(o.finished for o in outs) == 1
+        nursery.cancel_scope.cancel()
+
+
+async def test_queue_full_is_refused_at_once(tiny_model, default_tokenizer) -> None:
+    worker = _worker(tiny_model, default_tokenizer, max_batch_size=1, max_waiting_requests=2)
+    handles = [worker.submit([1, 2], _params(4)), worker.submit([1, 2], _params(4))]
+    with pytest.raises(QueueFullError):
+        worker.submit([1, 2], _params(4))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(worker.run)
+        for h in handles:
+            assert (await _collect(h))[-1].finish_reason == "length"
+        nursery.cancel_scope.cancel()
+
+
+async def test_timeout_ends_with_length_and_timeout_code(tiny_model, default_tokenizer) -> None:
+    worker = _worker(tiny_model, default_tokenizer)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(worker.run)
+        outs = await _collect(worker.submit([1, 2], _params(500), timeout_s=0.0))
+        assert outs[-1].finish_reason == "length" and outs[-1].error_code == "TIMEOUT"
+        nursery.cancel_scope.cancel()
+
+
+async def test_shutdown_ends_every_stream(tiny_model, default_tokenizer) -> None:
+    worker = _worker(tiny_model, default_tokenizer)
+    handles = []
+    async with trio.open_nursery() as nursery:
+        await nursery.start(worker.run)
+        handles = [worker.submit([1, 2, 3], _params(500)) for _ in range(3)]
+        await handles[0].__anext__()
+        nursery.cancel_scope.cancel()
+    for h in handles:
+        outs = await _collect(h)
+        assert outs[-1].finished and outs[-1].error_code == "CANCELLED"
