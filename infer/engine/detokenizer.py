@@ -14,6 +14,7 @@ Two things make this harder than decoding each token on its own:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 from transformers import PreTrainedTokenizerBase
 
@@ -47,9 +48,9 @@ class IncrementalDetokenizer:
         self._tokenizer = tokenizer
         self._skip_special = skip_special_tokens
         self._stop = tuple(s for s in stop if s)
+        # The tokens decoded each step: window[:read] is text already shown (context for
+        # the tokens after it), window[read:] is not shown yet.
         self._window = self._seed_window(prompt_ids)
-        # Only window[prefix:] is decoded; window[prefix:read] is the part already shown.
-        self._prefix = 0
         self._read = len(self._window)
         self._pending = ""  # decoded but held back: it may be the start of a stop string
         self._text: list[str] = []
@@ -86,7 +87,9 @@ class IncrementalDetokenizer:
         Returns:
             The text still held back: a tail that looked like the start of a stop
             string, and any trailing partial character exactly as the full decode
-            renders it.
+            renders it. If the released text holds a stop string (it was waiting
+            behind a partial character), only the text before it is returned and
+            :attr:`stopped` becomes true.
         """
         if self._stopped or self._finished:
             return ""
@@ -104,20 +107,22 @@ class IncrementalDetokenizer:
             return []
         return context
 
-    def _decode(self, ids: Sequence[int]) -> str:
-        return self._tokenizer.decode(ids, skip_special_tokens=self._skip_special)
+    def _decode(self, ids: list[int]) -> str:
+        # decode() is typed to also return list[str], but only does so for batches.
+        return cast(str, self._tokenizer.decode(ids, skip_special_tokens=self._skip_special))
 
     def _decode_new(self, final: bool) -> str:
-        """Text the tokens after ``read`` add to the window, or "" while incomplete."""
-        shown = self._decode(self._window[self._prefix : self._read])
-        full = self._decode(self._window[self._prefix :])
+        """Text the unshown tokens add to the window, or "" while a character is incomplete."""
+        shown = self._decode(self._window[: self._read])
+        full = self._decode(self._window)
         if len(full) <= len(shown):
             return ""  # e.g. a skipped special token: nothing new yet
-        if False:
+        if full.endswith(REPLACEMENT_CHAR) and not final:
             return ""  # a character is still arriving; wait for its other bytes
-        # Drop what is now behind the window so per-token work stays O(window).
+        # The newly shown tokens become the next context; older ones are dropped so that
+        # per-token work stays O(window), not O(length).
         del self._window[: self._read]
-        self._prefix, self._read = 0, len(self._window)
+        self._read = len(self._window)
         return full[len(shown) :]
 
     def _release(self, new_text: str, final: bool) -> str:

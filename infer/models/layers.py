@@ -151,15 +151,23 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps, norm_offset) if qk_norm else None
         self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps, norm_offset) if qk_norm else None
 
+    def fuse(self) -> None:
+        """Replace q/k/v with one projection (one larger matmul per step instead of three)."""
+        self.qkv_proj = _concat_linear(self.q_proj, self.k_proj, self.v_proj)
+        del self.q_proj, self.k_proj, self.v_proj
+
     def forward(self, x: Tensor, ctx: ForwardContext) -> Tensor:
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
+        h, kv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        qkv = self.qkv_proj(x).view(b, t, h + 2 * kv, d)
         cos, sin = ctx.rope[self.layer_type]
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if self.q_norm is not None and self.k_norm is not None:
+            q = apply_rope(self.q_norm(qkv[:, :, :h]), cos, sin)
+            k = apply_rope(self.k_norm(qkv[:, :, h : h + kv]), cos, sin)
+        else:  # rotate q and k heads together: one set of ops instead of two
+            qk = apply_rope(qkv[:, :, : h + kv], cos, sin)
+            q, k = qk[:, :, :h], qk[:, :, h:]
+        v = qkv[:, :, h + kv :]
         keys, values = ctx.read_kv(self.layer_idx, k, v)  # [B, K, S, D]
         q = q.transpose(1, 2)  # [B, H, T, D]
         mask = ctx.masks[self.layer_type]
@@ -188,15 +196,32 @@ class GatedMLP(nn.Module):
         self.gate_proj = nn.Linear(h, i, bias=bias)
         self.up_proj = nn.Linear(h, i, bias=bias)
         self.down_proj = nn.Linear(i, h, bias=bias)
-        if config.hidden_act in ("silu", "swish"):
-            self.act = F.silu
-        elif config.hidden_act in ("gelu_pytorch_tanh", "gelu_tanh"):
-            self.act = lambda x: F.gelu(x, approximate="tanh")
-        else:
+        if config.hidden_act not in ("silu", "swish", "gelu_pytorch_tanh", "gelu_tanh"):
             raise ValueError(f"unsupported activation {config.hidden_act!r}")
+        self.gelu = config.hidden_act.startswith("gelu")
+
+    def fuse(self) -> None:
+        """Replace gate/up with one projection."""
+        self.gate_up_proj = _concat_linear(self.gate_proj, self.up_proj)
+        del self.gate_proj, self.up_proj
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        gate = F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)
+        return self.down_proj(gate * up)
+
+
+def _concat_linear(*parts: nn.Linear) -> nn.Linear:
+    """One Linear whose output is the concatenation of ``parts``' outputs."""
+    first = parts[0]
+    out_features = sum(p.out_features for p in parts)
+    bias = first.bias is not None
+    fused = nn.Linear(first.in_features, out_features, bias=bias, device="meta")
+    weight = torch.cat([p.weight for p in parts])
+    fused.weight = nn.Parameter(weight, requires_grad=False)
+    if bias:
+        fused.bias = nn.Parameter(torch.cat([p.bias for p in parts]), requires_grad=False)
+    return fused
 
 
 class DecoderLayer(nn.Module):

@@ -18,6 +18,12 @@ import numpy as np
 import torch
 from gguf import GGUFReader, ReaderTensor
 from gguf.quants import dequantize
+from huggingface_hub import snapshot_download
+from huggingface_hub.errors import (
+    GatedRepoError,
+    LocalEntryNotFoundError,
+    RepositoryNotFoundError,
+)
 from safetensors import SafetensorError, safe_open
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
@@ -183,18 +189,22 @@ def download_from_hub(repo_id: str) -> Path:
     """Download a hub model's config, safetensors and tokenizer files (``HF_TOKEN`` honoured).
 
     Raises:
-        LoadError: The hub is unreachable (or offline mode is on and the files are not
-            cached), or the repository does not exist or is gated.
+        LoadError: The hub is unreachable (or offline mode is on) and the files are not
+            cached, or the repository does not exist or is gated.
     """
-    from huggingface_hub import snapshot_download
-
     try:
         return Path(snapshot_download(repo_id, allow_patterns=HUB_ALLOW_PATTERNS))
-    except Exception as e:  # offline, DNS, HTTP 401/404, gated: all mean "cannot get it"
-        raise LoadError(
-            f"cannot download {repo_id!r} from the Hugging Face hub ({_one_line(e)}); "
-            "pass a local model directory or .gguf file instead"
-        ) from e
+    except LocalEntryNotFoundError as e:
+        reason = "the hub is unreachable (or HF_HUB_OFFLINE is set) and it is not cached"
+        raise LoadError(f"cannot download {repo_id!r}: {reason}") from e
+    except GatedRepoError as e:
+        reason = "it is gated: accept its terms on the hub and set HF_TOKEN"
+        raise LoadError(f"cannot download {repo_id!r}: {reason}") from e
+    except RepositoryNotFoundError as e:
+        reason = "no such model on the hub (or it is private: set HF_TOKEN)"
+        raise LoadError(f"cannot download {repo_id!r}: {reason}") from e
+    except Exception as e:  # HTTP errors, a full disk...: say what happened, on one line
+        raise LoadError(f"cannot download {repo_id!r} from the hub ({_one_line(e)})") from e
 
 
 class GGUFCheckpoint:
@@ -219,7 +229,10 @@ class GGUFCheckpoint:
         self.tensors = {t.name: t for t in self.reader.tensors}
         if "rope_freqs.weight" in self.tensors:
             raise LoadError(f"{path} uses per-frequency rope factors (rope_freqs), not supported")
-        self.config = self._config()
+        try:
+            self.config = self._config()
+        except KeyError as e:
+            raise LoadError(f"{path}: GGUF metadata lacks {e.args[0]!r}") from e
         eos = [self._field(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot")]
         self.generation_config = {
             "bos_token_id": self._field("tokenizer.ggml.bos_token_id"),
@@ -290,7 +303,8 @@ class GGUFCheckpoint:
             factor = self._field(f"{self.arch}.rope.scaling.factor")
             config["rope_scaling"] = {"rope_type": scaling, "factor": factor}
         if self.arch == "gemma3":
-            config.update(_gemma3_config(config))
+            pattern = self._field("gemma3.attention.sliding_window_pattern")
+            config.update(_gemma3_config(config, pattern))
         config["bos_token_id"] = self._field("tokenizer.ggml.bos_token_id")
         config["eos_token_id"] = self._field("tokenizer.ggml.eos_token_id")
         return config
@@ -301,18 +315,23 @@ def _torch_shape(t: ReaderTensor) -> tuple[int, ...]:
     return tuple(int(n) for n in reversed(t.shape))
 
 
-def _gemma3_config(config: dict[str, Any]) -> dict[str, Any]:
-    """Gemma3 settings llama.cpp does not store but hard-codes (as transformers' defaults)."""
+def _gemma3_config(config: dict[str, Any], pattern: int | list[bool] | None) -> dict[str, Any]:
+    """Gemma3 settings that llama.cpp hard-codes rather than stores (as do HF's defaults)."""
     heads = config["num_attention_heads"]
     head_dim = config.get("head_dim") or config["hidden_size"] // heads
     # llama.cpp: 27B (62 layers) scales queries by hidden/heads, the others by head_dim.
     scalar = config["hidden_size"] // heads if config["num_hidden_layers"] == 62 else head_dim
-    return {
+    extra: dict[str, Any] = {
         "hidden_activation": "gelu_pytorch_tanh",
         "query_pre_attn_scalar": scalar,
         "rope_local_base_freq": 10_000.0,
         "sliding_window_pattern": 6,
     }
+    if isinstance(pattern, int):
+        extra["sliding_window_pattern"] = pattern
+    elif isinstance(pattern, list):  # one flag per layer: True is a sliding-window layer
+        extra["layer_types"] = ["sliding_attention" if s else "full_attention" for s in pattern]
+    return extra
 
 
 def _unpermute_rope_rows(w: torch.Tensor, n_heads: int) -> torch.Tensor:

@@ -10,6 +10,7 @@ from torch import nn
 from infer.models.base import CausalLM
 from infer.models.config import ModelConfig
 from infer.models.gemma3 import Gemma3ForCausalLM
+from infer.models.layers import Attention, GatedMLP
 from infer.models.llama import LlamaForCausalLM
 from infer.models.qwen3 import Qwen3ForCausalLM
 
@@ -46,7 +47,8 @@ def create_model(
     """Build a model without allocating it, then assign checkpoint tensors one at a time.
 
     Each tensor is converted to ``dtype`` as it arrives, so at no point are there two full
-    copies of the weights in memory.
+    copies of the weights in memory. Then q/k/v and gate/up are fused into single
+    projections, one layer at a time.
 
     Raises:
         ValueError: A weight is missing, unexpected, or has the wrong shape.
@@ -79,6 +81,9 @@ def create_model(
     for name, buf in list(model.named_buffers()):
         module_name, _, attr = name.rpartition(".")
         model.get_submodule(module_name).register_buffer(attr, buf.to(device), persistent=False)
+    for module in model.modules():
+        if isinstance(module, Attention | GatedMLP):
+            module.fuse()
     return model.eval()
 
 

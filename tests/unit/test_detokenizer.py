@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -17,18 +18,32 @@ PROPERTY_SETTINGS = settings(
 )
 
 EMOJI = [
-    "😀", "🎉", "👍🏽", "❤️", "🇯🇵", "🇫🇷", "👨‍👩‍👧", "🏳️‍🌈", "🧑🏾‍💻", "✨", "🦀",
+    "😀",
+    "🎉",
+    "👍🏽",
+    "❤️",
+    "🇯🇵",
+    "🇫🇷",
+    "👨‍👩‍👧",
+    "🏳️‍🌈",
+    "🧑🏾‍💻",
+    "✨",
+    "🦀",
 ]
-words = st.text(alphabet="abcdefghijklmnopqrstuvwxyzABCXYZ0123456789.,!?'-", min_size=1,
-                max_size=8)
+words = st.text(alphabet="abcdefghijklmnopqrstuvwxyzABCXYZ0123456789.,!?'-", min_size=1, max_size=8)
 spaces = st.sampled_from([" ", "  ", "\n", "\n\n", "\t", " \n "])
-cjk = st.text(alphabet=st.characters(min_codepoint=0x4E00, max_codepoint=0x9FFF), min_size=1,
-              max_size=4)
-accented = st.text(alphabet="àáâãäåçèéêëìíîïñòóôõöùúûüýÿœßÀÉÎÕÜŁłŠšŽžĞğİı", min_size=1,
-                   max_size=6)
-texts = st.lists(
-    st.one_of(words, spaces, st.sampled_from(EMOJI), cjk, accented), max_size=25
-).map("".join)
+cjk = st.text(
+    alphabet=st.characters(min_codepoint=0x4E00, max_codepoint=0x9FFF), min_size=1, max_size=4
+)
+accented = st.text(alphabet="àáâãäåçèéêëìíîïñòóôõöùúûüýÿœßÀÉÎÕÜŁłŠšŽžĞğİı", min_size=1, max_size=6)
+texts = st.lists(st.one_of(words, spaces, st.sampled_from(EMOJI), cjk, accented), max_size=25).map(
+    "".join
+)
+
+
+def decode(tok: PreTrainedTokenizerBase, ids: list[int], skip: bool = True) -> str:
+    """``tok.decode`` of one sequence (typed as ``str``: it is never a batch here)."""
+    return cast(str, tok.decode(ids, skip_special_tokens=skip))
 
 
 def stream(det: IncrementalDetokenizer, ids: Sequence[int]) -> list[str]:
@@ -37,17 +52,17 @@ def stream(det: IncrementalDetokenizer, ids: Sequence[int]) -> list[str]:
 
 
 def assert_streams_like_decode(
-    tok: PreTrainedTokenizerBase, prompt: Sequence[int], ids: Sequence[int], skip: bool = True
+    tok: PreTrainedTokenizerBase, prompt: list[int], ids: list[int], skip: bool = True
 ) -> None:
     """The deltas concatenate to the full decode, and no U+FFFD comes out early."""
     det = IncrementalDetokenizer(tok, prompt, skip_special_tokens=skip)
-    full = tok.decode(ids, skip_special_tokens=skip)
+    full = decode(tok, ids, skip)
     emitted = ""
     for n, token in enumerate(ids, start=1):
         delta = det.add(token)
         emitted += delta
         # What is shown is final: a prefix of the decode so far, and so of the full one.
-        assert tok.decode(ids[:n], skip_special_tokens=skip).startswith(emitted)
+        assert decode(tok, ids[:n], skip).startswith(emitted)
     emitted += det.finish()
     assert emitted == full
     assert det.text == full
@@ -74,7 +89,7 @@ def test_text_streams_exactly(tok: PreTrainedTokenizerBase, prompt: str, text: s
     ids = tok.encode(text)
     det = IncrementalDetokenizer(tok, tok.encode(prompt))
     deltas = stream(det, ids)
-    assert "".join(deltas) == tok.decode(ids, skip_special_tokens=True) == text
+    assert "".join(deltas) == decode(tok, ids) == text
     assert not any(FFFD in d for d in deltas)
 
 
@@ -108,8 +123,16 @@ def test_dangling_fragment_is_released_by_finish(tok: PreTrainedTokenizerBase) -
     det = IncrementalDetokenizer(tok, [])
     deltas = [det.add(i) for i in ids]
     assert "".join(deltas) == "ok"
-    assert det.finish() == tok.decode(ids)[len("ok") :]
+    assert det.finish() == decode(tok, ids)[len("ok") :]
     assert det.text.endswith(FFFD)
+
+
+def test_prompt_ending_mid_character(tok: PreTrainedTokenizerBase) -> None:
+    """The prompt's dangling bytes do not glue onto the generated ones."""
+    ids = tok.encode("ok 😀 and 日本")
+    cut = next(n for n in range(1, len(ids)) if decode(tok, ids[:n]).endswith(FFFD))
+    prompt, generated = ids[:cut], ids[cut:]
+    assert_streams_like_decode(tok, prompt, generated)
 
 
 def test_special_tokens_skipped_or_kept(tok: PreTrainedTokenizerBase) -> None:
@@ -131,13 +154,13 @@ def test_window_stays_small(tok: PreTrainedTokenizerBase) -> None:
     lengths: list[int] = []
 
     class Spy:
-        def decode(self, ids: Sequence[int], **kwargs: object) -> str:
+        def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
             lengths.append(len(ids))
-            return tok.decode(ids, **kwargs)
+            return decode(tok, ids, skip_special_tokens)
 
     ids = tok.encode("the quick brown fox jumps over the lazy dog " * 20)
     det = IncrementalDetokenizer(Spy(), ids[:10])  # type: ignore[arg-type]
-    assert "".join(stream(det, ids)) == tok.decode(ids)
+    assert "".join(stream(det, ids)) == decode(tok, ids)
     assert max(lengths) <= 6
 
 
@@ -199,12 +222,10 @@ def test_stop_made_of_multibyte_characters(tok: PreTrainedTokenizerBase) -> None
 
 @PROPERTY_SETTINGS
 @given(before=texts, after=texts, stop=st.sampled_from(["STOP", "\n\n", "😀!", "日本", " é"]))
-def test_stop_never_leaks(
-    tok: PreTrainedTokenizerBase, before: str, after: str, stop: str
-) -> None:
+def test_stop_never_leaks(tok: PreTrainedTokenizerBase, before: str, after: str, stop: str) -> None:
     text = before + stop + after
     ids = tok.encode(text)
-    full = tok.decode(ids)
+    full = decode(tok, ids)
     det = IncrementalDetokenizer(tok, [], stop=[stop])
     out = "".join(stream(det, ids))
     assert det.stopped

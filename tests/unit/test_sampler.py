@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from typing import Any
 
 import pytest
 import torch
@@ -66,19 +67,25 @@ def entropy(probs: torch.Tensor) -> float:
         ("seed", 2**64),
     ],
 )
-def test_invalid_params_name_the_field(field: str, value: object) -> None:
+def test_invalid_params_name_the_field(field: str, value: Any) -> None:
     with pytest.raises(ValueError, match=field):
         SamplingParams(**{field: value})
 
 
 def test_valid_params_edges() -> None:
     p = SamplingParams(
-        max_new_tokens=1, temperature=100.0, top_p=1.0, top_k=0, stop=["a"] * 8, logprobs=20,
+        max_new_tokens=1,
+        temperature=100.0,
+        top_p=1.0,
+        top_k=0,
+        stop=["a"] * 8,
+        logprobs=20,
         seed=-1,
     )
     assert p.stop == ["a"] * 8
     assert SamplingParams().stop == [] and SamplingParams().stop is not SamplingParams().stop
-    assert SamplingParams(stop=("x", "y")).stop == ["x", "y"]
+    from_tuple = SamplingParams(stop=("x", "y"))  # type: ignore[arg-type]
+    assert from_tuple.stop == ["x", "y"]
 
 
 def test_make_generator() -> None:
@@ -186,6 +193,43 @@ def test_top_p_one_is_a_no_op() -> None:
     assert torch.equal(apply_top_p(logits, 1.0), logits)
 
 
+def reference_top_p(logits: torch.Tensor, p: float) -> set[int]:
+    """Plain-Python top-p: walk the sorted distribution until the mass reaches p."""
+    probs = torch.softmax(logits.double(), dim=-1).tolist()
+    kept, mass = set(), 0.0
+    for i in sorted(range(len(probs)), key=lambda i: -probs[i]):
+        kept.add(i)
+        mass += probs[i]
+        if mass >= p:
+            break
+    return kept
+
+
+@pytest.mark.parametrize("scale", [0.05, 1.0, 4.0])  # flat (nucleus > 256 tokens) to peaked
+@pytest.mark.parametrize("p", [0.2, 0.6, 0.9])
+def test_top_p_matches_reference_on_a_large_vocab(scale: float, p: float) -> None:
+    logits = random_logits(1, vocab=2000, seed=int(scale * 100))[0] * scale
+    masked = apply_top_p(logits, p)
+    assert set(torch.isfinite(masked).nonzero().flatten().tolist()) == reference_top_p(logits, p)
+
+
+def test_sampling_probs_equals_composed_pieces() -> None:
+    logits = random_logits(1, vocab=500, seed=4)[0] * 3
+    params = SamplingParams(temperature=0.7, top_k=40, top_p=0.8, repetition_penalty=1.2)
+    history = [3, 7, 7, 400]
+    composed = apply_repetition_penalty(logits, history, 1.2) / 0.7
+    composed = torch.softmax(apply_top_p(apply_top_k(composed, 40), 0.8), dim=-1)
+    assert torch.allclose(sampling_probs(logits, params, history), composed, atol=1e-6)
+
+
+def test_draws_follow_the_distribution() -> None:
+    probs = torch.tensor([0.5, 0.3, 0.2, 0.0])
+    counts = Counter(draw(probs.log(), SamplingParams(seed=3), 4000))
+    assert 3 not in counts
+    for token, expected in enumerate([0.5, 0.3, 0.2]):
+        assert abs(counts[token] / 4000 - expected) < 0.03
+
+
 def test_repetition_penalty_hf_semantics() -> None:
     logits = torch.tensor([2.0, -2.0, 1.0, 0.5])
     out = apply_repetition_penalty(logits, [0, 1, 0, 99], 2.0)  # 99: past V, ignored
@@ -194,6 +238,16 @@ def test_repetition_penalty_hf_semantics() -> None:
     before, after = logits.softmax(-1), out.softmax(-1)
     assert after[0] < before[0] and after[1] < before[1]
     assert torch.equal(apply_repetition_penalty(logits, [0, 1], 1.0), logits)
+
+
+@pytest.mark.parametrize("penalty", [0.7, 1.3, 2.0])
+def test_repetition_penalty_matches_transformers(penalty: float) -> None:
+    from transformers import RepetitionPenaltyLogitsProcessor
+
+    logits = random_logits(1, seed=9)
+    history = [1, 5, 5, 17, 31, 0]
+    reference = RepetitionPenaltyLogitsProcessor(penalty)(torch.tensor([history]), logits.clone())
+    assert torch.equal(apply_repetition_penalty(logits[0], history, penalty), reference[0])
 
 
 def test_repetition_penalty_changes_greedy_choice() -> None:
