@@ -7,6 +7,12 @@ from typing import Any
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen3ForCausalLM", "Gemma3ForCausalLM")
 ROPE_TYPES = ("default", "linear", "llama3")
+# For a config.json that names no architectures.
+_MODEL_TYPES = {
+    "llama": "LlamaForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "gemma3_text": "Gemma3ForCausalLM",
+}
 
 
 @dataclass(frozen=True)
@@ -64,8 +70,8 @@ class ModelConfig:
         """
         archs = d.get("architectures") or []
         arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
-        if arch is None and d.get("model_type") == "gemma3_text":
-            arch = "Gemma3ForCausalLM"
+        if arch is None and not archs:
+            arch = _MODEL_TYPES.get(d.get("model_type", ""))
         if arch is None:
             raise ValueError(
                 f"unsupported architecture {archs or d.get('model_type')!r}; "

@@ -141,11 +141,12 @@ def test_attention_capture_matches_transformers(pair) -> None:
     ref, ours = pair
     ids = _ids(8)
     expected = ref(ids, output_attentions=True).attentions[1][0]  # layer 1: [H, T, T]
-    capture = AttnCapture(layer=1)
-    out = ours(ids, torch.arange(8)[None], capture=capture)
-    assert out.attn is not None
-    torch.testing.assert_close(out.attn[0], expected, **TOL)
-    torch.testing.assert_close(out.attn.sum(-1), torch.ones(1, 4, 8), **TOL)
+    out = ours(ids, torch.arange(8)[None], capture=AttnCapture(frozenset({1})))
+    assert out.attn is not None and set(out.attn) == {1}
+    torch.testing.assert_close(out.attn[1][0], expected, **TOL)
+    torch.testing.assert_close(out.attn[1].sum(-1), torch.ones(1, 4, 8), **TOL)
+    plain = ours(ids, torch.arange(8)[None]).logits
+    torch.testing.assert_close(out.logits, plain, **TOL)  # capturing changes nothing
 
 
 def test_unsupported_architecture_is_a_clear_error() -> None:
