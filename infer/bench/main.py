@@ -1,0 +1,277 @@
+"""``infer bench``: run the workloads on every system, write the report, print the tables."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import importlib.metadata
+import os
+import platform
+import re
+import socket
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from infer.bench.baselines import forward_step_ms
+from infer.bench.metrics import summarize
+from infer.bench.report import Report, Run, tables, write_report
+from infer.bench.servers import ServerError
+from infer.bench.systems import (
+    DTYPES,
+    SERIAL,
+    SYSTEMS,
+    URL_SYSTEM,
+    Settings,
+    Unavailable,
+    engine_thread,
+    open_system,
+    warm_up,
+)
+from infer.bench.workloads import SCALE_SIZES, SCALES, Workload, build_workloads
+from infer.models.loader import load_model
+
+WORKLOADS = ("w1", "w2", "sweep")
+# Not being able to measure these is expected on many machines; it does not fail the run.
+OPTIONAL_SYSTEMS = frozenset({"hf", "hf-batched", "llama.cpp"})
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The ``infer bench`` options."""
+    p.add_argument("--systems", type=_names, help="comma-separated, from: "
+                   f"{', '.join(SYSTEMS)} (default: all; with --url: sequential,url)")
+    p.add_argument("--workloads", type=_names, default=list(WORKLOADS),
+                   help="comma-separated, from: w1, w2, sweep (default: all)")
+    p.add_argument("--scale", choices=SCALES, default="full",
+                   help="full: the sizes of issue 5; quick: minutes on 2 cores; smoke: seconds, "
+                   "checks the pipeline only (default: %(default)s)")
+    p.add_argument("--quick", dest="scale", action="store_const", const="quick",
+                   help="same as --scale quick")
+    p.add_argument("--concurrency", type=_levels,
+                   help="sweep levels, e.g. 1,4,16,64 (default: by scale)")
+    p.add_argument("--rate", type=float,
+                   help="Poisson arrivals at this many requests/s for W2 and the sweep "
+                   "(default: all requests offered at once, up to the concurrency)")
+    p.add_argument("--url", help="measure the infer server running here instead of starting one")
+    p.add_argument("--api", choices=["native", "openai"], default="native",
+                   help="stream dialect of --url: /v1/generate or /v1/completions")
+    p.add_argument("--server-arg", action="append", default=[], metavar="ARG",
+                   help="extra `infer serve` argument for the servers started, e.g. "
+                   "--server-arg=--max-batch-size=32 (repeatable)")
+    p.add_argument("--model", default="default", help="(default: %(default)s)")
+    p.add_argument("--dtype", choices=list(DTYPES), default="bfloat16",
+                   help="(default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="prompt seed (default: %(default)s)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="report directory (default: the checkout's bench/results)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(command=run_bench)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python bench/bench_serving.py``: the same as ``infer bench``."""
+    parser = argparse.ArgumentParser(prog="bench_serving.py", description=__doc__)
+    add_arguments(parser)
+    return run_bench(parser.parse_args(argv))
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    """Run the benchmark; return 0, or 1 when a request failed or an infer server did not run."""
+    systems = _systems(args)
+    loaded = load_model(args.model, DTYPES[args.dtype])
+    workloads = build_workloads(
+        loaded.tokenizer, args.workloads, args.scale, args.seed, args.concurrency, args.rate
+    )
+    settings = Settings(loaded, args.model, args.dtype, args.seed, args.url, args.api,
+                        args.server_arg)
+    meta = _meta(args, loaded.name)
+    scale = SCALE_SIZES[args.scale]
+    with engine_thread() as run:  # the thread kind the engine and baselines run in
+        meta["forward_step_ms"] = run(forward_step_ms, loaded, scale.w1_prompt + scale.w1_new // 2)
+    runs: list[Run] = []
+    unavailable: list[dict[str, str]] = []
+    for system in systems:
+        try:
+            runs += _measure(system, settings, workloads, args.no_progress)
+        except (Unavailable, ServerError) as e:
+            unavailable.append({"system": system, "reason": str(e)})
+    meta["notes"] = settings.notes
+    _add_ratios(runs)
+    report: Report = {"meta": meta, "workloads": _describe(workloads), "runs": runs,
+                      "unavailable": unavailable}
+    report["goals"] = goals(runs, meta["forward_step_ms"])
+    out_dir = args.out if args.out is not None else default_results_dir()
+    paths = write_report(report, out_dir, f"{meta['date'][:10]}-{_safe(meta['host'])}")
+    print(tables(report))
+    for u in unavailable:
+        print(f"not measured: {u['system']}: {u['reason']}")
+    print("report: " + ", ".join(str(p) for p in paths.values()))
+    failed = any(r["metrics"]["errors"] for r in runs) or any(
+        u["system"] not in OPTIONAL_SYSTEMS for u in unavailable
+    )
+    return 1 if failed else 0
+
+
+def _measure(
+    system: str, settings: Settings, workloads: list[Workload], quiet: bool
+) -> list[Run]:
+    runs: list[Run] = []
+    with open_system(system, settings) as measure:
+        warm_up(measure, settings)
+        for workload in workloads:
+            serial = system in SERIAL
+            if serial and workload.name == "sweep" and any(r["workload"] == "sweep" for r in runs):
+                continue  # one request at a time: every concurrency level is the same run
+            label = workload.name
+            if workload.name == "sweep":
+                label += f" c={workload.concurrency}"
+            with tqdm(total=len(workload.requests), desc=f"{system:>16} {label:<10}", unit="req",
+                      disable=True if quiet else None, leave=False, file=sys.stderr) as bar:
+                results = measure(workload, lambda r: bar.update())
+            runs.append({
+                "system": system,
+                "workload": workload.name,
+                "concurrency": 1 if serial else workload.concurrency,
+                "rate": workload.rate,
+                "serial": serial,
+                "metrics": summarize(results),
+            })
+    return runs
+
+
+def _add_ratios(runs: list[Run]) -> None:
+    """Each run's output tok/s over the sequential baseline's on the same workload."""
+    base = {r["workload"]: r["metrics"]["output_tok_s"] for r in runs
+            if r["system"] == "sequential"}
+    for run in runs:
+        rate, ref = run["metrics"]["output_tok_s"], base.get(run["workload"])
+        run["ratio_vs_sequential"] = round(rate / ref, 3) if rate and ref else None
+
+
+def goals(runs: list[Run], forward_ms: float | None) -> list[dict[str, Any]]:
+    """Issue 5's targets for this machine, each with what was measured."""
+    def tok_s(system: str) -> float | None:
+        return _metric(runs, system, "W2", "output_tok_s")
+
+    def ratio(a: float | None, b: float | None) -> float | None:
+        return round(a / b, 3) if a and b else None
+
+    itl = _metric(runs, "infer-continuous", "W1", "itl_ms")
+    measured = [
+        ("W2 output tok/s, continuous ÷ sequential generate()", "≥ 3×", 3.0, False,
+         ratio(tok_s("infer-continuous"), tok_s("sequential"))),
+        ("W1 ITL p50 (continuous server) ÷ raw decode forward", "≤ 1.25×", 1.25, True,
+         ratio(itl["p50"] if itl else None, forward_ms)),
+        ("W2 output tok/s, continuous ÷ static", "≥ 1.3×", 1.3, False,
+         ratio(tok_s("infer-continuous"), tok_s("infer-static"))),
+    ]
+    return [
+        {"goal": goal, "target": target, "value": value,
+         "met": None if value is None else (value <= bound if at_most else value >= bound)}
+        for goal, target, bound, at_most, value in measured
+    ]
+
+
+def _metric(runs: list[Run], system: str, workload: str, name: str) -> Any:
+    for run in runs:
+        if run["system"] == system and run["workload"] == workload:
+            return run["metrics"][name]
+    return None
+
+
+def default_results_dir() -> Path:
+    """``bench/results`` of the source checkout this package runs from, else of the cwd."""
+    checkout = Path(__file__).resolve().parents[2]
+    if (checkout / "bench").is_dir() and (checkout / "infer").is_dir():
+        return checkout / "bench" / "results"
+    return Path("bench") / "results"
+
+
+def _systems(args: argparse.Namespace) -> list[str]:
+    systems = args.systems or (["sequential", URL_SYSTEM] if args.url else list(SYSTEMS))
+    if args.url and URL_SYSTEM not in systems:
+        systems.append(URL_SYSTEM)
+    unknown = [s for s in systems if s not in (*SYSTEMS, URL_SYSTEM)]
+    if unknown or (URL_SYSTEM in systems and not args.url):
+        raise ValueError(f"unknown systems: {', '.join(unknown) or URL_SYSTEM + ' (needs --url)'}"
+                         f"; choose from {', '.join(SYSTEMS)}")
+    unknown_workloads = set(args.workloads) - set(WORKLOADS)
+    if unknown_workloads:
+        raise ValueError(f"unknown workloads: {', '.join(sorted(unknown_workloads))}")
+    return systems
+
+
+def _describe(workloads: list[Workload]) -> list[dict[str, Any]]:
+    described: dict[str, dict[str, Any]] = {}
+    for w in workloads:
+        entry = described.setdefault(w.name, {
+            "name": w.name, "description": w.description, "requests": len(w.requests),
+            "output_tokens": w.output_tokens, "rate": w.rate, "levels": [],
+        })
+        entry["levels"].append(w.concurrency)
+    return list(described.values())
+
+
+def _meta(args: argparse.Namespace, model_name: str) -> dict[str, Any]:
+    now = dt.datetime.now().astimezone()
+    return {
+        "date": now.isoformat(timespec="seconds"),
+        "host": socket.gethostname(),
+        "cpu": _cpu_name(),
+        "cpu_count": os.cpu_count(),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "transformers": importlib.metadata.version("transformers"),
+        "infer": importlib.metadata.version("infer"),
+        "git_commit": _git_commit(),
+        "model": model_name,
+        "dtype": args.dtype,
+        "scale": args.scale,
+        "seed": args.seed,
+        "server_args": args.server_arg,
+        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+    }
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, cwd=Path(__file__).parent, timeout=5, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def _names(text: str) -> list[str]:
+    return [t.strip().lower() for t in text.split(",") if t.strip()]
+
+
+def _levels(text: str) -> list[int]:
+    try:
+        levels = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of integers: {text!r}") from None
+    if not levels or min(levels) < 1:
+        raise argparse.ArgumentTypeError("concurrency levels must be integers >= 1")
+    return levels
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", name) or "host"

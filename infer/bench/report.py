@@ -1,0 +1,177 @@
+"""The benchmark report: one JSON file, one Markdown file with the tables, and two PNG charts.
+
+A report is a plain dict (see :func:`infer.bench.main.run_bench`): ``meta``, ``workloads``,
+``runs`` (one per system × workload × concurrency, each with its ``metrics`` and
+``ratio_vs_sequential``), ``unavailable`` systems with the reason, and ``goals``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+Report = dict[str, Any]
+Run = dict[str, Any]
+
+
+def write_report(report: Report, out_dir: Path, stem: str) -> dict[str, Path]:
+    """Write ``<stem>.json``, ``<stem>.md``, ``<stem>-throughput.png`` and ``<stem>-latency.png``.
+
+    Returns:
+        The path of each file by kind (``json``, ``md``, ``throughput``, ``latency``).
+    """
+    # matplotlib takes a second to import: only a finished run pays for it, not every `infer`.
+    from infer.bench.charts import latency_chart, throughput_chart
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {
+        "json": out_dir / f"{stem}.json",
+        "md": out_dir / f"{stem}.md",
+        "throughput": out_dir / f"{stem}-throughput.png",
+        "latency": out_dir / f"{stem}-latency.png",
+    }
+    report["files"] = {kind: path.name for kind, path in paths.items()}
+    throughput_chart(report["runs"], paths["throughput"])
+    latency_chart(report["runs"], paths["latency"], focus_workload(report["runs"]))
+    paths["md"].write_text(markdown(report))
+    paths["json"].write_text(json.dumps(report, indent=2) + "\n")
+    return paths
+
+
+def focus_workload(runs: list[Run]) -> str | None:
+    """The workload the latency chart shows: W2 when it ran, else the first one."""
+    names = [r["workload"] for r in runs]
+    return "W2" if "W2" in names else (names[0] if names else None)
+
+
+def markdown(report: Report) -> str:
+    """The whole report as Markdown: context, one table per workload, goals, charts."""
+    meta = report["meta"]
+    lines = [
+        f"# infer serving benchmark, {meta['date']} on {meta['host']}",
+        "",
+        f"{meta['model']} ({meta['dtype']}), {meta['cpu']}, {meta['cpu_count']} cores, "
+        f"torch {meta['torch']} with {meta['torch_threads']} threads, scale `{meta['scale']}`, "
+        f"seed {meta['seed']}, load average {meta['load_average']} at the start. "
+        f"Raw batch-1 decode forward: {_num(meta.get('forward_step_ms'))} ms.",
+        "",
+        f"Rerun: `{meta['command']}`",
+        "",
+        *[f"- {note}" for note in meta.get("notes", [])],
+        "",
+        tables(report),
+        *_goals(report.get("goals", [])),
+        *_unavailable(report.get("unavailable", [])),
+        "## Charts",
+        "",
+        f"![throughput vs concurrency]({report['files']['throughput']})",
+        f"![TTFT and ITL percentiles]({report['files']['latency']})",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def tables(report: Report) -> str:
+    """The result tables alone (what ``infer bench`` prints)."""
+    out: list[str] = []
+    for workload in report["workloads"]:
+        name = workload["name"]
+        runs = [r for r in report["runs"] if r["workload"] == name]
+        if name == "sweep":
+            out += _sweep_table(workload, runs)
+        else:
+            out += [f"## {name}: {workload['description']}", "", *_workload_table(runs), ""]
+    return "\n".join(out)
+
+
+_HEADER = (
+    "| system | output tok/s | × sequential | req/s | TTFT p50 / p95 / p99 ms "
+    "| ITL p50 / p95 / p99 ms | TPOT p50 ms | E2E p50 / p95 / p99 ms | errors |"
+)
+
+
+def _workload_table(runs: Iterable[Run]) -> list[str]:
+    rows = [_HEADER, "|" + "---|" * 9]
+    for run in runs:
+        m = run["metrics"]
+        errors = str(m["errors"])
+        if m["errors"]:
+            errors += " (" + ", ".join(f"{k}: {v}" for k, v in m["error_codes"].items()) + ")"
+        if m.get("short"):
+            errors += f"; {m['short']} short"
+        rows.append(
+            f"| {_system(run)} | {_num(m['output_tok_s'])} | {_ratio(run)} | {_num(m['req_s'])} "
+            f"| {_pcts(m['ttft_ms'])} | {_pcts(m['itl_ms'])} | {_num(m['tpot_ms']['p50'])} "
+            f"| {_pcts(m['e2e_ms'])} | {errors} |"
+        )
+    return rows
+
+
+def _sweep_table(workload: dict[str, Any], runs: list[Run]) -> list[str]:
+    levels = workload["levels"]
+    out = [
+        f"## Concurrency sweep: {workload['description']}",
+        "",
+        "Output tok/s (× sequential), TTFT p50 ms below. A system marked *serial* handles one "
+        "request at a time whatever the concurrency; it was measured once.",
+        "",
+        "| system | " + " | ".join(f"c={c}" for c in levels) + " |",
+        "|---|" + "---|" * len(levels),
+    ]
+    for system in dict.fromkeys(r["system"] for r in runs):
+        mine = [r for r in runs if r["system"] == system]
+        by_level = {r["concurrency"]: r for r in mine}
+        cells = []
+        for c in levels:
+            run = mine[0] if mine[0].get("serial") else by_level.get(c)
+            if run is None:
+                cells.append("–")
+                continue
+            m = run["metrics"]
+            cells.append(
+                f"{_num(m['output_tok_s'])} ({_ratio(run)}), {_num(m['ttft_ms']['p50'])} ms"
+            )
+        out.append(f"| {_system(mine[0])} | " + " | ".join(cells) + " |")
+    return [*out, ""]
+
+
+def _goals(goals: list[dict[str, Any]]) -> list[str]:
+    if not goals:
+        return []
+    out = ["## Goals (issue 5)", "", "| goal | measured | target | met |", "|---|---|---|---|"]
+    for g in goals:
+        met = "–" if g["met"] is None else ("yes" if g["met"] else "**no**")
+        out.append(f"| {g['goal']} | {_num(g['value'])} | {g['target']} | {met} |")
+    return [*out, ""]
+
+
+def _unavailable(items: list[dict[str, str]]) -> list[str]:
+    if not items:
+        return []
+    return ["## Not measured", "", *[f"- {u['system']}: {u['reason']}" for u in items], ""]
+
+
+def _system(run: Run) -> str:
+    return f"{run['system']} *(serial)*" if run.get("serial") else run["system"]
+
+
+def _ratio(run: Run) -> str:
+    ratio = run.get("ratio_vs_sequential")
+    return "–" if ratio is None else f"{ratio:.2f}×"
+
+
+def _pcts(stats: dict[str, float | None]) -> str:
+    return " / ".join(_num(stats[k]) for k in ("p50", "p95", "p99"))
+
+
+def _num(value: float | None) -> str:
+    if value is None:
+        return "–"
+    size = abs(value)
+    if size >= 100:
+        return f"{value:.0f}"
+    if size >= 10:
+        return f"{value:.1f}"
+    return f"{value:.2f}" if size >= 1 else f"{value:.3g}"

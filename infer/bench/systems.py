@@ -1,0 +1,180 @@
+"""The systems a benchmark compares, each opened as a ``measure(workload, on_done)`` function.
+
+In-process baselines load their model here; servers are started as subprocesses on a free
+loopback port (or reached at ``--url``) and probed once before they are measured.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import trio
+
+from infer.bench import baselines
+from infer.bench.client import Target, probe, run_workload
+from infer.bench.metrics import RequestResult
+from infer.bench.servers import (
+    free_port,
+    infer_command,
+    llama_cpp_command,
+    llama_cpp_python,
+    running_server,
+)
+from infer.bench.workloads import BenchRequest, Workload
+from infer.models.loader import LoadedModel
+
+SYSTEMS = ("sequential", "hf", "hf-batched", "infer-static", "infer-continuous", "llama.cpp")
+URL_SYSTEM = "url"  # the server at --url
+SERIAL = frozenset({"sequential", "hf"})  # one request at a time, whatever the concurrency
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+LLAMA_CPP_CTX = 2048
+
+OnDone = Callable[[RequestResult], None]
+Measure = Callable[[Workload, OnDone], list[RequestResult]]
+
+
+class Unavailable(Exception):
+    """The system cannot be measured here (the message says why)."""
+
+
+@dataclass
+class Settings:
+    """What every system shares: the model, its dtype, and how to reach or start servers."""
+
+    loaded: LoadedModel
+    model: str
+    dtype: str
+    seed: int = 0
+    url: str | None = None
+    api: str = "native"
+    server_args: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # caveats found while probing
+
+
+@contextlib.contextmanager
+def open_system(name: str, settings: Settings) -> Iterator[Measure]:
+    """Set a system up (load a model, start a server), yield its measure function, tear down.
+
+    Raises:
+        Unavailable: The system cannot run here.
+        ServerError: Its server did not start.
+    """
+    if name == "sequential":
+        loaded = settings.loaded
+        with engine_thread() as run:
+            yield lambda w, on_done: run(baselines.run_sequential, loaded, w, on_done)
+    elif name in ("hf", "hf-batched"):
+        with _hf(name, settings) as measure:
+            yield measure
+    elif name in ("infer-static", "infer-continuous"):
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        mode = name.removeprefix("infer-")
+        command = infer_command(port, mode, settings.model, settings.dtype, settings.server_args)
+        with running_server(command, url, "/health"):
+            yield _http(Target(url, "native"), settings, name)
+    elif name == "llama.cpp":
+        with _llama_cpp(settings) as measure:
+            yield measure
+    elif name == URL_SYSTEM and settings.url:
+        yield _http(Target(settings.url, settings.api), settings, name)
+    else:
+        raise ValueError(f"unknown system {name!r}")
+
+
+@contextlib.contextmanager
+def engine_thread() -> Iterator[Callable[..., Any]]:
+    """Yield ``run(fn, *args)``, which calls ``fn`` in one dedicated worker thread.
+
+    In-process baselines run where the server runs its engine: in a thread that is not the
+    main one. It matters: torch's small batch-1 ops, with its default OpenMP threads, ran up
+    to 10x slower in the main thread than in a worker thread on a busy 2-core machine.
+    """
+    with ThreadPoolExecutor(1, thread_name_prefix="bench-engine") as pool:
+        yield lambda fn, *args: pool.submit(fn, *args).result()
+
+
+@contextlib.contextmanager
+def _hf(name: str, settings: Settings) -> Iterator[Measure]:
+    model_dir = baselines.hf_model_dir(settings.model)
+    if model_dir is None:
+        raise Unavailable("transformers needs a Hugging Face model directory or 'default'")
+    model = baselines.load_hf(model_dir, DTYPES[settings.dtype])
+    tokenizer = settings.loaded.tokenizer
+    pad_id = tokenizer.pad_token_id
+    if pad_id is None:
+        pad_id = settings.loaded.eos_token_ids[0] if settings.loaded.eos_token_ids else 0
+    hf_run = baselines.run_hf if name == "hf" else baselines.run_hf_batched
+    with engine_thread() as run:
+        yield lambda w, on_done: run(hf_run, model, w, pad_id, on_done)
+
+
+@contextlib.contextmanager
+def _llama_cpp(settings: Settings) -> Iterator[Measure]:
+    python = llama_cpp_python()
+    if python is None:
+        raise Unavailable(
+            "llama-cpp-python is not installed (pip install 'llama-cpp-python[server]', or "
+            "point INFER_BENCH_LLAMA_CPP_PYTHON at a Python that has it)"
+        )
+    gguf = _gguf_file(settings.model)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    command = llama_cpp_command(python, port, gguf, torch.get_num_threads(), LLAMA_CPP_CTX)
+    # EOS is ignored the way llama.cpp can: a -inf-like bias on every end token.
+    bias = {str(t): -100.0 for t in settings.loaded.eos_token_ids}
+    with running_server(command, url, "/v1/models"):
+        yield _http(Target(url, "openai", {"logit_bias": bias}), settings, "llama.cpp")
+
+
+def _gguf_file(model: str) -> Path:
+    if model == "default":
+        from infer.models.default import default_gguf_path
+
+        return default_gguf_path()
+    if model.lower().endswith(".gguf") and Path(model).is_file():
+        return Path(model)
+    raise Unavailable("llama.cpp needs a .gguf model file (or the default model)")
+
+
+def _http(target: Target, settings: Settings, name: str) -> Measure:
+    """Probe the server (ignore_eos support, warm-up), then measure it with the HTTP client."""
+    target = trio.run(_probe_ignore_eos, target, settings, name)
+
+    def measure(workload: Workload, on_done: OnDone) -> list[RequestResult]:
+        return trio.run(run_workload, target, workload, on_done, settings.seed)
+
+    return measure
+
+
+async def _probe_ignore_eos(target: Target, settings: Settings, name: str) -> Target:
+    """Ask for ``ignore_eos``; keep it when the server takes it, else note that it does not."""
+    tokens = tuple(settings.loaded.tokenizer.encode("Call me Ishmael.", add_special_tokens=False))
+    request = BenchRequest(tokens, 2)
+    if target.api == "native":
+        with_flag = Target(target.url, target.api, target.extra | {"ignore_eos": True})
+        status, text = await probe(with_flag, request)
+        if status == 200:
+            return with_flag
+        if status != 422 or "ignore_eos" not in text:
+            raise Unavailable(f"{name} answered a test request with {status}: {text[:300]}")
+        settings.notes.append(
+            f"{name}: the server refuses `ignore_eos`, so a request may stop at EOS before its "
+            "token count (counted as *short*); its tokens/s is then not strictly comparable"
+        )
+    status, text = await probe(target, request)
+    if status != 200:
+        raise Unavailable(f"{name} answered a test request with {status}: {text[:300]}")
+    return target
+
+
+def warm_up(measure: Measure, settings: Settings) -> None:
+    """One tiny request, so first-call costs (allocations, lazy imports) are not measured."""
+    tokens = tuple(settings.loaded.tokenizer.encode("It was the best of times,"))
+    measure(Workload("warm-up", "", (BenchRequest(tokens, 4),), 1), lambda r: None)

@@ -1,0 +1,244 @@
+"""Seeded, reproducible benchmark workloads cut from a fixed public-domain text.
+
+Every prompt is a window of exact token length over the model's tokenization of
+:data:`SOURCE_TEXT` (read cyclically, from a seeded random offset), so the same seed gives the
+same token ids on every machine with no downloads. Every request is greedy with EOS ignored:
+each system under test then generates exactly the same number of tokens for it.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+# Public domain: Lincoln's Gettysburg Address (1863), the openings of Dickens' "A Tale of Two
+# Cities" (1859), Austen's "Pride and Prejudice" (1813) and Melville's "Moby-Dick" (1851).
+SOURCE_TEXT = """\
+Four score and seven years ago our fathers brought forth on this continent, a new nation, \
+conceived in Liberty, and dedicated to the proposition that all men are created equal. Now we \
+are engaged in a great civil war, testing whether that nation, or any nation so conceived and \
+so dedicated, can long endure. We are met on a great battle-field of that war. We have come to \
+dedicate a portion of that field, as a final resting place for those who here gave their lives \
+that that nation might live. It is altogether fitting and proper that we should do this. But, \
+in a larger sense, we can not dedicate -- we can not consecrate -- we can not hallow -- this \
+ground. The brave men, living and dead, who struggled here, have consecrated it, far above our \
+poor power to add or detract. The world will little note, nor long remember what we say here, \
+but it can never forget what they did here. It is for us the living, rather, to be dedicated \
+here to the unfinished work which they who fought here have thus far so nobly advanced. It is \
+rather for us to be here dedicated to the great task remaining before us -- that from these \
+honored dead we take increased devotion to that cause for which they gave the last full measure \
+of devotion -- that we here highly resolve that these dead shall not have died in vain -- that \
+this nation, under God, shall have a new birth of freedom -- and that government of the people, \
+by the people, for the people, shall not perish from the earth.
+
+It was the best of times, it was the worst of times, it was the age of wisdom, it was the age \
+of foolishness, it was the epoch of belief, it was the epoch of incredulity, it was the season \
+of Light, it was the season of Darkness, it was the spring of hope, it was the winter of \
+despair, we had everything before us, we had nothing before us, we were all going direct to \
+Heaven, we were all going direct the other way -- in short, the period was so far like the \
+present period, that some of its noisiest authorities insisted on its being received, for good \
+or for evil, in the superlative degree of comparison only. There were a king with a large jaw \
+and a queen with a plain face, on the throne of England; there were a king with a large jaw \
+and a queen with a fair face, on the throne of France. In both countries it was clearer than \
+crystal to the lords of the State preserves of loaves and fishes, that things in general were \
+settled for ever.
+
+It is a truth universally acknowledged, that a single man in possession of a good fortune, must \
+be in want of a wife. However little known the feelings or views of such a man may be on his \
+first entering a neighbourhood, this truth is so well fixed in the minds of the surrounding \
+families, that he is considered the rightful property of some one or other of their daughters. \
+"My dear Mr. Bennet," said his lady to him one day, "have you heard that Netherfield Park is \
+let at last?" Mr. Bennet replied that he had not. "But it is," returned she; "for Mrs. Long \
+has just been here, and she told me all about it." Mr. Bennet made no answer. "Do you not want \
+to know who has taken it?" cried his wife impatiently. "You want to tell me, and I have no \
+objection to hearing it." This was invitation enough.
+
+Call me Ishmael. Some years ago -- never mind how long precisely -- having little or no money \
+in my purse, and nothing particular to interest me on shore, I thought I would sail about a \
+little and see the watery part of the world. It is a way I have of driving off the spleen and \
+regulating the circulation. Whenever I find myself growing grim about the mouth; whenever it is \
+a damp, drizzly November in my soul; whenever I find myself involuntarily pausing before coffin \
+warehouses, and bringing up the rear of every funeral I meet; and especially whenever my hypos \
+get such an upper hand of me, that it requires a strong moral principle to prevent me from \
+deliberately stepping into the street, and methodically knocking people's hats off -- then, I \
+account it high time to get to sea as soon as I can. This is my substitute for pistol and ball. \
+With a philosophical flourish Cato throws himself upon his sword; I quietly take to the ship. \
+There is nothing surprising in this. If they but knew it, almost all men in their degree, some \
+time or other, cherish very nearly the same feelings towards the ocean with me.
+"""
+
+SCALES = ("full", "quick", "smoke")
+DEFAULT_CONCURRENCY = (1, 4, 16, 64)
+
+
+class Tokenizer(Protocol):
+    def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
+
+
+@dataclass(frozen=True)
+class BenchRequest:
+    """One request: exact prompt token ids and exactly this many new tokens (EOS ignored)."""
+
+    prompt_ids: tuple[int, ...]
+    max_new_tokens: int
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A set of requests and how they are offered to the system under test.
+
+    Args:
+        name: Short id used in tables and file names (``W1``, ``W2``, ``sweep``).
+        description: One line for the report.
+        requests: The requests, in submission order.
+        concurrency: Most requests in flight at once (a closed loop of this many streams).
+        rate: Poisson arrivals at this many requests per second (``None``: each stream sends
+            its next request as soon as its previous one ends).
+    """
+
+    name: str
+    description: str
+    requests: tuple[BenchRequest, ...]
+    concurrency: int
+    rate: float | None = None
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(r.max_new_tokens for r in self.requests)
+
+
+@dataclass(frozen=True)
+class Scale:
+    """The sizes of the three workloads at one scale (``full`` is what the issue specifies)."""
+
+    w1_prompt: int
+    w1_new: int
+    w2_requests: int
+    w2_prompt: tuple[int, int]
+    w2_new: tuple[int, int]
+    sweep_requests: int
+    sweep_prompt: tuple[int, int]
+    sweep_new: tuple[int, int]
+    concurrency: tuple[int, ...]
+
+
+SCALE_SIZES = {
+    "full": Scale(256, 256, 16, (32, 1024), (64, 256), 64, (32, 512), (32, 128), (1, 4, 16, 64)),
+    "quick": Scale(128, 64, 8, (32, 512), (32, 64), 16, (32, 256), (16, 32), (1, 4, 16)),
+    "smoke": Scale(16, 4, 2, (8, 32), (2, 4), 2, (8, 16), (2, 3), (1, 2)),
+}
+
+
+class PromptSource:
+    """Cuts prompts of exact token length out of the tokenized source text."""
+
+    def __init__(self, tokenizer: Tokenizer, text: str = SOURCE_TEXT) -> None:
+        self.tokens = list(tokenizer.encode(text, add_special_tokens=False))
+        if len(self.tokens) < 2:
+            raise ValueError("the source text tokenizes to fewer than 2 tokens")
+
+    def prompt(self, length: int, rng: random.Random) -> tuple[int, ...]:
+        """``length`` consecutive tokens, starting at a random offset, wrapping around."""
+        if length < 1:
+            raise ValueError(f"prompt length must be >= 1, got {length}")
+        start = rng.randrange(len(self.tokens))
+        n = len(self.tokens)
+        return tuple(self.tokens[(start + i) % n] for i in range(length))
+
+
+def single(source: PromptSource, prompt_len: int, new_tokens: int, seed: int) -> Workload:
+    """W1: one request alone; the serving overhead against a direct ``generate()``."""
+    rng = random.Random(f"W1/{seed}")
+    request = BenchRequest(source.prompt(prompt_len, rng), new_tokens)
+    return Workload(
+        "W1", f"1 request, {prompt_len}-token prompt, {new_tokens} new tokens", (request,), 1
+    )
+
+
+def mixed_requests(
+    source: PromptSource,
+    n: int,
+    prompt_range: tuple[int, int],
+    new_range: tuple[int, int],
+    seed: int | str,
+) -> tuple[BenchRequest, ...]:
+    """``n`` requests with prompt and output lengths uniform in the given inclusive ranges."""
+    rng = random.Random(seed)
+    requests = []
+    for _ in range(n):
+        prompt_len = rng.randint(*prompt_range)
+        new_tokens = rng.randint(*new_range)
+        requests.append(BenchRequest(source.prompt(prompt_len, rng), new_tokens))
+    return tuple(requests)
+
+
+def mixed(
+    source: PromptSource,
+    n: int,
+    prompt_range: tuple[int, int],
+    new_range: tuple[int, int],
+    seed: int,
+    rate: float | None = None,
+) -> Workload:
+    """W2: ``n`` mixed requests, all ``n`` in flight at once (or arriving at ``rate``)."""
+    requests = mixed_requests(source, n, prompt_range, new_range, f"W2/{seed}")
+    arrivals = f", Poisson arrivals at {rate:g} req/s" if rate else ""
+    description = (
+        f"{n} concurrent requests, prompts {prompt_range[0]}-{prompt_range[1]} tokens, "
+        f"{new_range[0]}-{new_range[1]} new tokens{arrivals}"
+    )
+    return Workload("W2", description, requests, n, rate)
+
+
+def sweep(
+    source: PromptSource,
+    n: int,
+    prompt_range: tuple[int, int],
+    new_range: tuple[int, int],
+    levels: Sequence[int],
+    seed: int,
+    rate: float | None = None,
+) -> list[Workload]:
+    """The same ``n`` requests offered at each concurrency level in ``levels``."""
+    requests = mixed_requests(source, n, prompt_range, new_range, f"sweep/{seed}")
+    arrivals = f", Poisson arrivals at {rate:g} req/s" if rate else ""
+    description = (
+        f"{n} requests, prompts {prompt_range[0]}-{prompt_range[1]} tokens, "
+        f"{new_range[0]}-{new_range[1]} new tokens{arrivals}"
+    )
+    return [Workload("sweep", description, requests, c, rate) for c in levels]
+
+
+def build_workloads(
+    tokenizer: Tokenizer,
+    names: Sequence[str],
+    scale: str = "full",
+    seed: int = 0,
+    concurrency: Sequence[int] | None = None,
+    rate: float | None = None,
+) -> list[Workload]:
+    """The named workloads (``w1``, ``w2``, ``sweep``) at a scale, in that order.
+
+    Raises:
+        ValueError: An unknown workload or scale name.
+    """
+    if scale not in SCALE_SIZES:
+        raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
+    unknown = set(names) - {"w1", "w2", "sweep"}
+    if unknown:
+        raise ValueError(f"unknown workloads: {', '.join(sorted(unknown))} (use w1, w2, sweep)")
+    s = SCALE_SIZES[scale]
+    source = PromptSource(tokenizer)
+    workloads: list[Workload] = []
+    if "w1" in names:
+        workloads.append(single(source, s.w1_prompt, s.w1_new, seed))
+    if "w2" in names:
+        workloads.append(mixed(source, s.w2_requests, s.w2_prompt, s.w2_new, seed, rate))
+    if "sweep" in names:
+        levels = tuple(concurrency) if concurrency else s.concurrency
+        workloads += sweep(
+            source, s.sweep_requests, s.sweep_prompt, s.sweep_new, levels, seed, rate
+        )
+    return workloads

@@ -1,0 +1,119 @@
+"""The Quart-Trio application: ``create_app()`` builds it, Hypercorn (trio worker) serves it.
+
+``hypercorn --config hypercorn.toml 'infer.server.app:create_app()'`` reads its settings
+from ``INFER_*`` variables; ``infer serve`` passes flags. The engine loop starts when serving
+starts, in ``app.nursery`` under its own cancel scope (see :mod:`infer.server.state`).
+
+For a graceful shutdown that ends every open stream with a terminal event, give Hypercorn
+``shutdown_trigger=shutdown_trigger(app, trigger)``: once ``trigger`` returns, the app drains
+(refuses new requests, ends running ones with ``CANCELLED``, waits for their streams) before
+Hypercorn closes the connections. ``infer serve`` does this on SIGINT and SIGTERM.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Awaitable, Callable
+
+from quart import Response, jsonify
+from quart_trio import QuartTrio
+
+from infer.engine.engine import Engine
+from infer.server import events, inspect, limits, openai
+from infer.server.config import ServerConfig
+from infer.server.errors import register_error_handlers
+from infer.server.metrics import CONTENT_TYPE
+from infer.server.state import ServerState, get_state
+
+
+def create_app(config: ServerConfig | None = None, engine: Engine | None = None) -> QuartTrio:
+    """Build the application; an app object serves once (build a new one per server).
+
+    Args:
+        config: Server settings (default: from ``INFER_*`` environment variables).
+        engine: A loaded engine to serve; ``None`` loads ``config.engine`` in the background
+            once serving starts (``/health`` answers 503 until it is ready).
+
+    Returns:
+        The app.
+
+    Raises:
+        ValueError: An ``INFER_*`` variable is invalid.
+    """
+    config = config if config is not None else ServerConfig.from_env()
+    app = QuartTrio("infer.server")
+    app.config.update(
+        RESPONSE_TIMEOUT=None,  # Quart's 60 s default would cut long streams silently
+        MAX_CONTENT_LENGTH=config.max_body_bytes,
+    )
+    state = ServerState(config, engine)
+    app.extensions["infer"] = state
+    register_error_handlers(app)
+    limits.install(app, config)
+    for blueprint in (openai.blueprint, events.blueprint, inspect.blueprint):
+        app.register_blueprint(blueprint)
+    app.add_url_rule("/health", "health", _health, methods=["GET"])
+    app.add_url_rule("/metrics", "metrics", _metrics, methods=["GET"])
+
+    @app.while_serving
+    async def _engine_lifetime() -> AsyncGenerator[None, None]:
+        await app.nursery.start(state.run_engine)
+        yield
+        await state.stop()
+
+    return app
+
+
+async def drain(app: QuartTrio, timeout_s: float | None = None) -> None:
+    """End every open request of ``app`` with a terminal event and wait for its stream.
+
+    Args:
+        app: An app from :func:`create_app`, while it serves.
+        timeout_s: Longest to wait (default: the config's ``drain_timeout_s``).
+    """
+    state: ServerState = app.extensions["infer"]
+    await state.drain(timeout_s)
+
+
+def shutdown_trigger(
+    app: QuartTrio, trigger: Callable[[], Awaitable[object]]
+) -> Callable[[], Awaitable[None]]:
+    """A Hypercorn ``shutdown_trigger`` that drains ``app`` once ``trigger`` returns.
+
+    Args:
+        app: The app being served.
+        trigger: Returns when the server should stop (a signal, an event).
+
+    Returns:
+        The function to pass as ``shutdown_trigger``.
+    """
+
+    async def wait_then_drain() -> None:
+        await trigger()
+        await drain(app)
+
+    return wait_then_drain
+
+
+async def _health() -> tuple[Response, int]:
+    """Readiness: 200 once the model is loaded and the engine loop runs, else 503."""
+    state = get_state()
+    worker = state.worker
+    body = {
+        "status": state.status.value,
+        "model": state.model_name,
+        "running": worker.running if worker else 0,
+        "waiting": worker.waiting if worker else 0,
+    }
+    return jsonify(body), 200 if state.ready else 503
+
+
+async def _metrics() -> Response:
+    """Prometheus text exposition."""
+    state = get_state()
+    worker = state.worker
+    text = state.metrics.render(
+        running=worker.running if worker else 0,
+        waiting=worker.waiting if worker else 0,
+        ready=state.ready,
+    )
+    return Response(text, status=200, content_type=CONTENT_TYPE)

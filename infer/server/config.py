@@ -1,0 +1,135 @@
+"""Server settings: one dataclass, built from CLI flags or ``INFER_*`` environment variables."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from infer.engine.config import EngineConfig
+
+
+@dataclass
+class ServerConfig:
+    """How the HTTP server listens, limits clients and feeds the engine.
+
+    Args:
+        host: Address to bind.
+        port: Port to bind (0 picks a free one).
+        api_keys: Accepted bearer tokens; empty disables authentication.
+        cors_origins: Origins allowed to call the API from a browser; ``"*"`` allows any.
+        max_prompt_bytes: Longest prompt, in UTF-8 bytes of prompt text (the rendered chat
+            transcript for ``messages``); longer ones get 413.
+        max_body_bytes: Longest request body; longer ones get 413.
+        rate_limit: Requests per minute per client (API key, else address); ``None`` is off.
+        rate_burst: Requests a client may make at once before the rate applies.
+        heartbeat_s: Seconds of silence after which a stream gets an SSE comment.
+        max_timeout_s: Longest a generation may run; caps each request's ``timeout_s``
+            (``None``: no cap).
+        output_buffer: Outputs queued per stream before the worker starts coalescing.
+        max_pending_tokens: Tokens a reader may fall behind before its stream is ended.
+        max_inspect_tokens: Longest prompt ``/v1/inspect/attention`` accepts.
+        drain_timeout_s: At shutdown, how long to wait for streams to send their last event.
+        engine: The engine's own configuration (model, batching, queue length).
+
+    Raises:
+        ValueError: A field is out of range; the message names the field.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_keys: tuple[str, ...] = ()
+    cors_origins: tuple[str, ...] = ()
+    max_prompt_bytes: int = 16384
+    max_body_bytes: int = 262144
+    rate_limit: float | None = None
+    rate_burst: int = 5
+    heartbeat_s: float = 15.0
+    max_timeout_s: float | None = 600.0
+    output_buffer: int = 64
+    max_pending_tokens: int = 4096
+    max_inspect_tokens: int = 512
+    drain_timeout_s: float = 10.0
+    engine: EngineConfig = field(default_factory=EngineConfig)
+
+    def __post_init__(self) -> None:
+        self.api_keys = tuple(k for k in self.api_keys if k)
+        self.cors_origins = tuple(o.rstrip("/") for o in self.cors_origins if o)
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be in [0, 65535], got {self.port}")
+        for name in ("max_prompt_bytes", "max_body_bytes", "rate_burst", "output_buffer",
+                     "max_pending_tokens", "max_inspect_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.heartbeat_s is None or not self.heartbeat_s > 0:
+            raise ValueError(f"heartbeat_s must be > 0, got {self.heartbeat_s}")
+        for name in ("rate_limit", "max_timeout_s"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"{name} must be > 0, got {value}")
+        if self.drain_timeout_s < 0:
+            raise ValueError(f"drain_timeout_s must be >= 0, got {self.drain_timeout_s}")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> ServerConfig:
+        """Build a config from ``INFER_*`` variables; unset ones keep their defaults.
+
+        Server fields read ``INFER_<FIELD>`` (``INFER_PORT``, ``INFER_API_KEYS`` as a comma
+        separated list, ...), engine fields the same way (``INFER_MODEL``, ``INFER_DTYPE``,
+        ``INFER_BATCHING_MODE``, ...). ``none`` unsets an optional number.
+
+        Args:
+            environ: Variables to read (default: ``os.environ``).
+
+        Returns:
+            The config.
+
+        Raises:
+            ValueError: A variable does not parse or is out of range; the message names it.
+        """
+        env = os.environ if environ is None else environ
+        server = _read_fields(cls, env, skip={"engine"})
+        engine = _read_fields(EngineConfig, env, skip=set())
+        return cls(**server, engine=EngineConfig(**engine))
+
+
+def _read_fields(cls: type, env: Mapping[str, str], skip: set[str]) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for f in fields(cls):
+        name = f"INFER_{f.name.upper()}"
+        if f.name in skip or name not in env:
+            continue
+        try:
+            values[f.name] = _parser(f.default)(env[name].strip())
+        except ValueError:
+            raise ValueError(f"{name}: cannot parse {env[name]!r}") from None
+    return values
+
+
+def _parser(default: Any) -> Callable[[str], Any]:
+    """How to parse a variable, judged by the field's default value."""
+    if isinstance(default, tuple):
+        return lambda s: tuple(p.strip() for p in s.split(",") if p.strip())
+    if isinstance(default, bool):
+        return _parse_bool
+    if isinstance(default, int):
+        return int
+    if isinstance(default, float) or default is None:
+        return _parse_optional_number
+    return str
+
+
+def _parse_bool(text: str) -> bool:
+    if text.lower() in ("1", "true", "yes", "on"):
+        return True
+    if text.lower() in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(text)
+
+
+def _parse_optional_number(text: str) -> float | int | None:
+    if text.lower() in ("", "none", "off"):
+        return None
+    number = float(text)
+    return int(number) if number.is_integer() and "." not in text else number

@@ -1,0 +1,107 @@
+"""``POST /v1/generate``: the native event stream.
+
+``started`` → (``token`` [``trace``])* with ``metrics`` every N tokens → exactly one of
+``done`` or ``error``. A comment heartbeat goes out whenever the stream has been quiet for
+``heartbeat_s``. Output coalesced for a slow reader arrives as one ``token`` event carrying
+several tokens' text (``count`` > 1, ``i`` the index of the last one).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from typing import Any
+
+import trio
+from quart import Blueprint, Response
+
+from infer.engine.request import StepOutput, TraceSpec
+from infer.server import sse
+from infer.server.generation import (
+    RETRYABLE,
+    Generation,
+    Submission,
+    outcome,
+    parse_body,
+    start,
+)
+from infer.server.schemas import GenerateRequest
+from infer.server.state import get_state
+
+log = logging.getLogger("infer.server")
+
+blueprint = Blueprint("events", __name__)
+
+DEFAULT_MAX_TOKENS = 256
+
+@blueprint.post("/v1/generate")
+async def generate() -> Response:
+    """Start a generation and stream its events."""
+    arrival = trio.current_time()
+    state = get_state()
+    body = await parse_body(GenerateRequest)
+    trace = TraceSpec(body.trace.top_k, body.trace.layer) if body.trace else None
+    sub = Submission(body.prompt, body.messages, body, body.max_tokens, DEFAULT_MAX_TOKENS,
+                     trace=trace, timeout_s=body.timeout_s)
+    gen = await start(state, sub, arrival)
+    return sse.stream_response(_events(gen, body.metrics_every))
+
+
+async def _events(gen: Generation, metrics_every: int | None) -> AsyncIterator[bytes]:
+    with gen:
+        created = datetime.fromtimestamp(gen.created, UTC).isoformat()
+        yield sse.event({"id": gen.request_id, "model": gen.state.model_name,
+                         "created": created}, "started")
+        heartbeat_s = gen.state.config.heartbeat_s
+        while True:
+            try:
+                out = await gen.next(heartbeat_s)
+                frames = sse.HEARTBEAT if out is None else _frames(gen, out, metrics_every)
+            except Exception:  # noqa: BLE001 - the stream must still end with one terminal
+                log.exception("stream %s failed", gen.request_id)
+                yield sse.event({"code": "INFERENCE_FAILED", "message": "inference failed"},
+                                "error")
+                return
+            yield frames
+            if gen.finished:
+                return
+
+
+def _frames(gen: Generation, out: StepOutput, metrics_every: int | None) -> bytes:
+    """The events for one output, sent together (the last one terminal if it finished)."""
+    events = []
+    if gen.new_tokens or out.text_delta:
+        token: dict[str, Any] = {"i": gen.tokens - 1, "token": out.text_delta,
+                                 "token_id": out.token_id}
+        if gen.new_tokens > 1:
+            token["count"] = gen.new_tokens
+        events.append(sse.event(token, "token"))
+    if out.trace is not None:
+        events.append(sse.event({"i": gen.tokens - 1, **out.trace}, "trace"))
+    if metrics_every and gen.new_tokens and _crossed(gen, metrics_every):
+        events.append(sse.event(_metrics(gen), "metrics"))
+    if out.finished:
+        end = outcome(out)
+        if end.code is None:
+            events.append(sse.event({"finish_reason": end.finish_reason, "usage": gen.usage()},
+                                    "done"))
+        else:
+            error = {"code": end.code, "message": end.message,
+                     "retryable": end.code in RETRYABLE, "usage": gen.usage()}
+            events.append(sse.event(error, "error"))
+    return b"".join(events)
+
+
+def _crossed(gen: Generation, every: int) -> bool:
+    """Whether the last output's tokens passed a multiple of ``every``."""
+    return gen.tokens // every > (gen.tokens - gen.new_tokens) // every
+
+
+def _metrics(gen: Generation) -> dict[str, Any]:
+    now = trio.current_time()
+    first = gen.first_token_at if gen.first_token_at is not None else now
+    decode_s = now - first
+    rate = (gen.tokens - 1) / decode_s if gen.tokens > 1 and decode_s > 0 else 0.0
+    return {"tokens": gen.tokens, "tokens_per_sec": round(rate, 3),
+            "ttft_ms": round((first - gen.arrival) * 1000, 3)}

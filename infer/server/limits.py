@@ -1,0 +1,170 @@
+"""Who may call and how much: API keys, a per-client rate limit, prompt size, CORS."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import math
+import time
+from collections.abc import Callable, Sequence
+
+from quart import Quart, Response, request
+
+from infer.server.config import ServerConfig
+from infer.server.errors import APIError, error_response
+
+OPEN_PATHS = frozenset({"/health"})
+CORS_METHODS = "GET, POST, OPTIONS"
+CORS_HEADERS = "Authorization, Content-Type"
+CORS_MAX_AGE = "600"
+
+
+class ApiKeys:
+    """Bearer tokens checked in constant time.
+
+    Every configured key is compared (no early exit), on SHA-256 digests so that neither the
+    position of the first differing byte nor the key lengths leak through timing.
+
+    Args:
+        keys: Accepted tokens; none disables the check.
+    """
+
+    def __init__(self, keys: Sequence[str]) -> None:
+        self._digests = [hashlib.sha256(k.encode()).digest() for k in keys]
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._digests)
+
+    def check(self, authorization: str | None) -> None:
+        """Accept an ``Authorization`` header value.
+
+        Raises:
+            APIError: 401, the token is missing or wrong.
+        """
+        if not self.enabled:
+            return
+        scheme, _, token = (authorization or "").partition(" ")
+        digest = hashlib.sha256(token.strip().encode()).digest()
+        ok = False
+        for expected in self._digests:
+            ok |= hmac.compare_digest(digest, expected)
+        if scheme.lower() != "bearer" or not ok:
+            raise APIError(401, "a valid API key is required (Authorization: Bearer <key>)",
+                           "invalid_api_key", {"WWW-Authenticate": "Bearer"})
+
+
+class RateLimiter:
+    """A token bucket per client: ``burst`` requests at once, refilled at ``per_minute``.
+
+    Args:
+        per_minute: Sustained requests per minute.
+        burst: Bucket size.
+        clock: Monotonic seconds (tests may pass their own).
+        max_clients: Buckets kept before idle (full) ones are dropped.
+    """
+
+    def __init__(
+        self,
+        per_minute: float,
+        burst: int,
+        clock: Callable[[], float] = time.monotonic,
+        max_clients: int = 10000,
+    ) -> None:
+        self.rate = per_minute / 60.0
+        self.burst = float(burst)
+        self._clock = clock
+        self._max_clients = max_clients
+        self._buckets: dict[str, tuple[float, float]] = {}  # key → (tokens, updated)
+
+    def acquire(self, key: str) -> None:
+        """Take one request from ``key``'s bucket.
+
+        Raises:
+            APIError: 429 with ``Retry-After`` (whole seconds) when the bucket is empty.
+        """
+        now = self._clock()
+        tokens = self._level(key, now)
+        if tokens < 1.0:
+            retry = max(1, math.ceil((1.0 - tokens) / self.rate))
+            raise APIError(429, f"rate limit exceeded; retry in {retry} s", "rate_limited",
+                           {"Retry-After": str(retry)})
+        if key not in self._buckets and len(self._buckets) >= self._max_clients:
+            self._prune(now)
+        self._buckets[key] = (tokens - 1.0, now)
+
+    def _level(self, key: str, now: float) -> float:
+        tokens, updated = self._buckets.get(key, (self.burst, now))
+        return min(self.burst, tokens + (now - updated) * self.rate)
+
+    def _prune(self, now: float) -> None:
+        full = [k for k in self._buckets if self._level(k, now) >= self.burst]
+        for k in full:
+            del self._buckets[k]
+
+
+def check_prompt_size(text: str, max_bytes: int) -> None:
+    """Refuse prompt text longer than ``max_bytes`` UTF-8 bytes.
+
+    Raises:
+        APIError: 413.
+    """
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > max_bytes:
+        raise APIError(413, f"the prompt is {size} bytes; the limit is {max_bytes}",
+                       "prompt_too_large")
+
+
+def client_key(authorization: str | None, remote_addr: str | None) -> str:
+    """What the rate limit counts by: the bearer token if there is one, else the address."""
+    if authorization:
+        return "key:" + hashlib.sha256(authorization.encode()).hexdigest()
+    return "addr:" + (remote_addr or "unknown")
+
+
+def install(app: Quart, config: ServerConfig) -> None:
+    """Register CORS, authentication and rate limiting on every request of ``app``."""
+    keys = ApiKeys(config.api_keys)
+    limiter = RateLimiter(config.rate_limit, config.rate_burst) if config.rate_limit else None
+    origins = frozenset(config.cors_origins)
+
+    @app.before_request
+    async def _guard() -> Response | None:
+        if request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers:
+            return _preflight(origins)
+        if request.path in OPEN_PATHS:
+            return None
+        try:
+            keys.check(request.headers.get("Authorization"))
+            if limiter is not None and request.method == "POST":
+                # Only a checked key identifies a client; any other header is free to vary.
+                token = request.headers.get("Authorization") if keys.enabled else None
+                limiter.acquire(client_key(token, request.remote_addr))
+        except APIError as e:
+            return error_response(e)
+        return None
+
+    @app.after_request
+    async def _cors(response: Response) -> Response:
+        origin = request.headers.get("Origin")
+        if origin and _allowed(origin, origins):
+            response.headers["Access-Control-Allow-Origin"] = origin
+            response.headers["Access-Control-Expose-Headers"] = "Retry-After"
+            response.vary.add("Origin")
+        return response
+
+
+def _allowed(origin: str, origins: frozenset[str]) -> bool:
+    return "*" in origins or origin.rstrip("/") in origins
+
+
+def _preflight(origins: frozenset[str]) -> Response:
+    origin = request.headers.get("Origin", "")
+    if not _allowed(origin, origins):
+        return error_response(APIError(403, f"origin {origin!r} is not allowed",
+                                       "origin_not_allowed"))
+    response = Response("", status=204)
+    response.headers["Access-Control-Allow-Methods"] = CORS_METHODS
+    response.headers["Access-Control-Allow-Headers"] = CORS_HEADERS
+    response.headers["Access-Control-Max-Age"] = CORS_MAX_AGE
+    return response

@@ -1,0 +1,68 @@
+"""Run the server in this process: Hypercorn's trio worker, drained on SIGINT or SIGTERM."""
+
+from __future__ import annotations
+
+import logging
+import signal
+
+import trio
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.trio import serve as hypercorn_serve
+from quart_trio import QuartTrio
+
+from infer.engine.engine import Engine
+from infer.server.app import create_app, shutdown_trigger
+from infer.server.config import ServerConfig
+
+log = logging.getLogger("infer.server")
+
+# After the drain, Hypercorn's own wait for connections to close.
+GRACEFUL_TIMEOUT_S = 5.0
+
+
+def hypercorn_config(config: ServerConfig, access_log: bool = False) -> HypercornConfig:
+    """Hypercorn settings for ``config``: one bind, no read timeout (it would cut streams).
+
+    Args:
+        config: Server settings (host, port, body limit).
+        access_log: Log one line per request to stderr.
+
+    Returns:
+        The Hypercorn config.
+    """
+    hyper = HypercornConfig()
+    hyper.bind = [f"[{config.host}]:{config.port}" if ":" in config.host
+                  else f"{config.host}:{config.port}"]
+    hyper.accesslog = "-" if access_log else None
+    hyper.errorlog = "-"
+    hyper.graceful_timeout = GRACEFUL_TIMEOUT_S
+    hyper.keep_alive_timeout = 75.0
+    return hyper
+
+
+def run(config: ServerConfig, access_log: bool = False) -> None:
+    """Load the model, then serve until SIGINT or SIGTERM; open streams end cleanly.
+
+    Args:
+        config: Server settings, the engine's included.
+        access_log: Log one line per request.
+
+    Raises:
+        LoadError: The model cannot be loaded.
+    """
+    log.info("loading model %s", config.engine.model)
+    engine = Engine.from_config(config.engine)
+    app = create_app(config, engine)
+    trio.run(_serve, app, hypercorn_config(config, access_log))
+
+
+async def _serve(app: QuartTrio, hyper: HypercornConfig) -> None:
+    await hypercorn_serve(app, hyper, shutdown_trigger=shutdown_trigger(app, _signalled))
+
+
+async def _signalled() -> None:
+    """Return at the first SIGINT or SIGTERM."""
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for signum in signals:
+            log.info("received %s; draining open streams", signal.Signals(signum).name)
+            return

@@ -1,0 +1,164 @@
+"""The server's shared state and the engine's lifetime inside the app's nursery.
+
+``while_serving`` starts :meth:`ServerState.run_engine` in ``app.nursery`` under a cancel
+scope the state owns: quart-trio would otherwise wait its background-task timeout before
+cancelling. Shutdown is two steps. :meth:`ServerState.drain` (called by the shutdown trigger
+of ``infer serve`` and of the tests, before Hypercorn closes connections) refuses new work,
+stops the worker, which ends every open request with a ``CANCELLED`` output, and waits for
+the streams to send their terminal events. :meth:`ServerState.stop` (after serving) makes
+sure the engine thread has ended.
+"""
+
+from __future__ import annotations
+
+import logging
+from enum import StrEnum
+
+import trio
+from quart import current_app
+
+from infer.engine.engine import Engine
+from infer.server.config import ServerConfig
+from infer.server.errors import APIError
+from infer.server.metrics import Metrics
+from infer.server.worker import EngineWorker
+
+log = logging.getLogger("infer.server")
+
+RETRY_AFTER_S = "1"
+
+
+class Status(StrEnum):
+    LOADING = "loading"
+    READY = "ready"
+    DRAINING = "draining"
+    STOPPED = "stopped"
+    FAILED = "failed"
+
+
+class StreamCounter:
+    """How many responses are producing output, and a way to wait until none are."""
+
+    def __init__(self) -> None:
+        self.active = 0
+        self._changed: trio.Event | None = None
+
+    def enter(self) -> None:
+        self.active += 1
+
+    def leave(self) -> None:
+        self.active -= 1
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = None
+
+    async def wait_idle(self) -> None:
+        """Return once no response is active."""
+        while self.active:
+            if self._changed is None:
+                self._changed = trio.Event()
+            await self._changed.wait()
+
+
+class ServerState:
+    """What every route shares: config, engine, worker, metrics and open streams.
+
+    Args:
+        config: Server settings.
+        engine: A loaded engine, or ``None`` to load ``config.engine`` once serving starts.
+    """
+
+    def __init__(self, config: ServerConfig, engine: Engine | None = None) -> None:
+        self.config = config
+        self.engine = engine
+        self.worker: EngineWorker | None = None
+        self.metrics = Metrics()
+        self.streams = StreamCounter()
+        self.inspect_limiter = trio.CapacityLimiter(1)  # attention forwards, one at a time
+        self.status = Status.LOADING
+        self._scope = trio.CancelScope()
+        self._stopped: trio.Event | None = None
+
+    @property
+    def model_name(self) -> str:
+        return self.engine.model_name if self.engine is not None else self.config.engine.model
+
+    @property
+    def ready(self) -> bool:
+        return self.status == Status.READY and self.worker is not None and self.worker.ready
+
+    def require_ready(self) -> tuple[Engine, EngineWorker]:
+        """The engine and worker, when requests can be taken.
+
+        Raises:
+            APIError: 503 while the model loads, after it failed, or during shutdown.
+        """
+        if self.ready:
+            assert self.engine is not None and self.worker is not None  # implied by ready
+            return self.engine, self.worker
+        reason = {
+            Status.LOADING: ("the model is still loading", "not_ready"),
+            Status.FAILED: ("the model failed to load", "not_ready"),
+        }.get(self.status, ("the server is shutting down", "shutting_down"))
+        raise APIError(503, reason[0], reason[1], {"Retry-After": RETRY_AFTER_S})
+
+    async def run_engine(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+                         ) -> None:
+        """Load the model if needed, then run the worker until :meth:`drain` or :meth:`stop`."""
+        self._stopped = trio.Event()
+        task_status.started()
+        try:
+            with self._scope:
+                if self.engine is None:
+                    self.engine = await self._load()
+                    if self.engine is None:
+                        return
+                worker = EngineWorker(self.engine, output_buffer=self.config.output_buffer,
+                                      max_pending_tokens=self.config.max_pending_tokens)
+                async with trio.open_nursery() as nursery:
+                    await nursery.start(worker.run)
+                    self.worker = worker
+                    if self.status == Status.LOADING:
+                        self.status = Status.READY
+                        log.info("serving %s", self.engine.model_name)
+        finally:
+            if self.status != Status.FAILED:
+                self.status = Status.STOPPED
+            self._stopped.set()
+
+    async def _load(self) -> Engine | None:
+        config = self.config.engine
+        log.info("loading model %s", config.model)
+        try:
+            return await trio.to_thread.run_sync(Engine.from_config, config,
+                                                 abandon_on_cancel=True)
+        except Exception:
+            log.exception("cannot load model %s", config.model)
+            self.status = Status.FAILED
+            return None
+
+    async def drain(self, timeout_s: float | None = None) -> None:
+        """Refuse new requests, end every open one, and wait for their streams to finish.
+
+        Args:
+            timeout_s: Longest to wait for streams (default: ``config.drain_timeout_s``).
+        """
+        if self.status in (Status.LOADING, Status.READY):
+            self.status = Status.DRAINING
+        self._scope.cancel()
+        with trio.move_on_after(self.config.drain_timeout_s if timeout_s is None else timeout_s):
+            if self._stopped is not None:
+                await self._stopped.wait()
+            await self.streams.wait_idle()
+
+    async def stop(self) -> None:
+        """Stop the engine and wait until its thread has ended."""
+        self._scope.cancel()
+        if self._stopped is not None:
+            await self._stopped.wait()
+
+
+def get_state() -> ServerState:
+    """The state of the app handling the current request."""
+    state: ServerState = current_app.extensions["infer"]
+    return state

@@ -1,0 +1,208 @@
+"""Helpers for testing the server for real: Hypercorn on a free port, an SSE reader, and a
+model wrapper that lets a test hold the engine between steps.
+
+Tests drive the real stack (Hypercorn's trio worker, the app, the worker thread, the engine)
+and use :class:`StepGate` to make timing-sensitive cases deterministic: while the gate is
+closed the engine thread waits at the start of its next forward, so "the queue is full" or
+"the stream is quiet" are states a test can hold and observe instead of race against.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, cast
+
+import httpx
+import torch
+import trio
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.trio import serve
+from quart_trio import QuartTrio
+from torch import nn
+
+from infer.server.app import shutdown_trigger
+
+
+@dataclass
+class ServerHandle:
+    """A server started by :func:`running_server`."""
+
+    url: str
+    stop: trio.Event
+
+    def shutdown(self) -> None:
+        """Begin the graceful shutdown (what SIGTERM does under ``infer serve``)."""
+        self.stop.set()
+
+
+@asynccontextmanager
+async def running_server(app: QuartTrio, graceful_timeout_s: float = 5.0
+                         ) -> AsyncIterator[ServerHandle]:
+    """Serve ``app`` with Hypercorn on 127.0.0.1 and a free port until the block ends.
+
+    Shutting down (leaving the block, or :meth:`ServerHandle.shutdown`) first drains the
+    app: every open stream gets its terminal event. Then Hypercorn closes the connections
+    and the engine thread ends; leaving the block waits for all of it.
+
+    Args:
+        app: A fresh app from ``create_app``.
+        graceful_timeout_s: Hypercorn's wait for open connections after the drain.
+
+    Yields:
+        The running server (``url`` is ``http://127.0.0.1:<port>``).
+    """
+    config = HypercornConfig()
+    config.bind = ["127.0.0.1:0"]
+    config.graceful_timeout = graceful_timeout_s
+    stop = trio.Event()
+    async with trio.open_nursery() as nursery:
+        serving = partial(serve, app, config, shutdown_trigger=shutdown_trigger(app, stop.wait))
+        urls = await nursery.start(serving)
+        try:
+            yield ServerHandle(urls[0], stop)
+        finally:
+            stop.set()
+
+
+async def wait_for(predicate: Callable[[], Any], timeout_s: float = 60.0,
+                   poll_s: float = 0.01) -> None:
+    """Poll ``predicate`` (sync or async) until it is true.
+
+    Raises:
+        trio.TooSlowError: It stayed false for ``timeout_s`` (a generous bound, not a
+            timing assertion).
+    """
+    with trio.fail_after(timeout_s):
+        while True:
+            result = predicate()
+            if hasattr(result, "__await__"):
+                result = await result
+            if result:
+                return
+            await trio.sleep(poll_s)
+
+
+@dataclass
+class SSEEvent:
+    """One parsed server-sent event, or a comment (a heartbeat)."""
+
+    event: str | None = None
+    data: str | None = None
+    comment: str | None = None
+
+    def json(self) -> Any:
+        assert self.data is not None
+        return json.loads(self.data)
+
+
+def parse_sse(text: str) -> list[SSEEvent]:
+    """Parse a whole SSE body (``\\n`` line ends, as this server writes them)."""
+    events: list[SSEEvent] = []
+    name: str | None = None
+    data: list[str] = []
+    for line in text.split("\n"):
+        if line == "":
+            if name is not None or data:
+                events.append(SSEEvent(name, "\n".join(data)))
+            name, data = None, []
+        elif line.startswith(":"):
+            events.append(SSEEvent(comment=line[1:].strip()))
+        else:
+            field, _, value = line.partition(":")
+            value = value.removeprefix(" ")
+            if field == "event":
+                name = value
+            elif field == "data":
+                data.append(value)
+    return events
+
+
+async def iter_sse(response: httpx.Response) -> AsyncIterator[SSEEvent]:
+    """Parse events from a streamed httpx response as they arrive."""
+    buffer = ""
+    async for chunk in response.aiter_text():
+        buffer += chunk
+        while "\n\n" in buffer:
+            block, buffer = buffer.split("\n\n", 1)
+            for event in parse_sse(block + "\n\n"):
+                yield event
+
+
+class StepGate:
+    """Lets a test hold the engine thread at the start of each forward.
+
+    Open, it lets everything through. Closed, a forward waits until the test opens it or
+    :meth:`allow` grants single forwards. Use it as a context manager to be sure it is open
+    again when the test ends (a closed gate would keep the engine thread from stopping).
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._open = True
+        self._credits = 0
+        self.passed = 0  # forwards let through
+        self.blocked = False  # a forward is waiting at the gate now
+
+    def close(self) -> None:
+        with self._cond:
+            self._open = False
+
+    def open(self) -> None:
+        with self._cond:
+            self._open = True
+            self._cond.notify_all()
+
+    def allow(self, n: int = 1) -> None:
+        """Let ``n`` more forwards through a closed gate."""
+        with self._cond:
+            self._credits += n
+            self._cond.notify_all()
+
+    def wait_turn(self) -> None:
+        """Called by the model at each forward (engine thread)."""
+        with self._cond:
+            while not self._open and self._credits == 0:
+                self.blocked = True
+                self._cond.wait()
+            self.blocked = False
+            if not self._open:
+                self._credits -= 1
+            self.passed += 1
+
+    def __enter__(self) -> StepGate:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.open()
+
+
+class GatedModel(nn.Module):
+    """A causal LM whose every forward first waits at a :class:`StepGate`.
+
+    Args:
+        model: The model to wrap (its config, dtype and device are passed through).
+        gate: The gate; a new open one by default.
+    """
+
+    def __init__(self, model: nn.Module, gate: StepGate | None = None) -> None:
+        super().__init__()
+        self.inner = model
+        self.config = model.config
+        self.gate = gate or StepGate()
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return cast(torch.dtype, self.inner.dtype)
+
+    @property
+    def device(self) -> torch.device:
+        return cast(torch.device, self.inner.device)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        self.gate.wait_turn()
+        return self.inner(*args, **kwargs)

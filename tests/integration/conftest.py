@@ -1,0 +1,62 @@
+"""Fixtures for the server tests: apps on the real default model (SmolLM2-135M-Instruct)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from quart_trio import QuartTrio
+
+from infer.engine.config import EngineConfig
+from infer.engine.engine import Engine
+from infer.models.loader import LoadedModel, load_model
+from infer.server.app import create_app
+from infer.server.config import ServerConfig
+from infer.server.testing import GatedModel, StepGate
+
+AppFactory = Callable[..., QuartTrio]
+
+
+@pytest.fixture(scope="session")
+def default_model_fp32() -> LoadedModel:
+    """The default model in float32 (for tests that compare greedy runs across batches).
+
+    In bfloat16 the logits are coarse enough that exact ties between the top two tokens are
+    common, and batch composition moves logits by about one bf16 step; a greedy choice
+    between tied tokens then depends on what else is in the batch. In float32 the batch
+    noise is about 1e-5, far below the smallest margins, so greedy output is batch-invariant.
+    """
+    return load_model("default", dtype=torch.float32)
+
+
+def app_factory(loaded: LoadedModel) -> AppFactory:
+    """Build apps on ``loaded``: each with its own engine (and KV cache) on the shared weights.
+
+    Keyword arguments go to ``ServerConfig``; ``engine`` (a dict) to ``EngineConfig``;
+    ``gate`` wraps the model in a :class:`GatedModel`.
+    """
+
+    def build(engine: dict[str, Any] | None = None, gate: StepGate | None = None,
+              **server: Any) -> QuartTrio:
+        dtype = str(loaded.model.dtype).removeprefix("torch.")
+        config = EngineConfig(**({"max_seq_len": 512, "max_batch_size": 4, "dtype": dtype}
+                                 | (engine or {})))
+        model = GatedModel(loaded.model, gate) if gate else loaded.model
+        eng = Engine(config, model, loaded.tokenizer, loaded.eos_token_ids, loaded.name)
+        return create_app(ServerConfig(engine=config, **server), eng)
+
+    return build
+
+
+@pytest.fixture
+def real_app(default_model: LoadedModel) -> AppFactory:
+    """Build apps serving the default model (bfloat16, loaded once per session)."""
+    return app_factory(default_model)
+
+
+@pytest.fixture
+def real_app_fp32(default_model_fp32: LoadedModel) -> AppFactory:
+    """Build apps serving the default model in float32."""
+    return app_factory(default_model_fp32)

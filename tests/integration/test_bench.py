@@ -1,0 +1,92 @@
+"""``infer bench`` end to end at smoke scale: the report is complete and plausible.
+
+It loads the real default model, starts real servers (static and continuous batching) as
+subprocesses, and measures a couple of tiny requests per workload. It checks what the report
+holds, never how fast anything was: timings on a shared 2-core machine are noise.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from infer import cli
+from infer.bench.metrics import LATENCY_METRICS
+from infer.bench.workloads import SCALE_SIZES
+from infer.models.default import default_gguf_path
+from infer.models.loader import LoadError
+
+pytestmark = pytest.mark.slow
+
+SYSTEMS = ["sequential", "hf-batched", "infer-static", "infer-continuous"]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+MAX_PNG_BYTES = 200_000  # small enough to commit
+
+
+@pytest.fixture(scope="module")
+def report_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    try:
+        default_gguf_path()
+    except LoadError as e:
+        pytest.skip(str(e))
+    out = tmp_path_factory.mktemp("bench")
+    argv = ["bench", "--scale", "smoke", "--systems", ",".join(SYSTEMS), "--out", str(out),
+            "--no-progress"]
+    assert cli.main(argv) == 0
+    return out
+
+
+def _report(out: Path) -> dict[str, Any]:
+    (path,) = out.glob("*.json")
+    return json.loads(path.read_text())
+
+
+def test_files_are_written(report_dir: Path) -> None:
+    (json_path,) = report_dir.glob("*.json")
+    stem = json_path.stem
+    for suffix in (".md", "-throughput.png", "-latency.png"):
+        assert (report_dir / f"{stem}{suffix}").is_file()
+    for png in report_dir.glob("*.png"):
+        data = png.read_bytes()
+        assert data.startswith(PNG_MAGIC) and len(data) < MAX_PNG_BYTES
+
+
+def test_every_run_has_every_metric(report_dir: Path) -> None:
+    report = _report(report_dir)
+    scale = SCALE_SIZES["smoke"]
+    expected_runs = {(s, w) for s in SYSTEMS for w in ("W1", "W2")}
+    assert expected_runs <= {(r["system"], r["workload"]) for r in report["runs"]}
+    sweep = {(r["system"], r["concurrency"]) for r in report["runs"] if r["workload"] == "sweep"}
+    for system in ("hf-batched", "infer-static", "infer-continuous"):
+        assert {(system, c) for c in scale.concurrency} <= sweep
+    assert ("sequential", 1) in sweep  # serial: measured once
+    workloads = {w["name"]: w for w in report["workloads"]}
+    for run in report["runs"]:
+        m = run["metrics"]
+        assert m["errors"] == 0 and m["short"] == 0
+        assert m["completed"] == m["requests"] == workloads[run["workload"]]["requests"]
+        assert m["output_tokens"] == workloads[run["workload"]]["output_tokens"]
+        assert m["output_tok_s"] > 0 and m["req_s"] > 0 and m["wall_s"] > 0
+        assert run["ratio_vs_sequential"] > 0
+        for name in LATENCY_METRICS:
+            stats = m[name]
+            assert set(stats) == {"p50", "p95", "p99", "mean"}, name
+            assert 0 < stats["p50"] <= stats["p95"] <= stats["p99"], (run["system"], name)
+        # a request's first token comes before its end, and a stream outlasts one gap
+        assert m["ttft_ms"]["p50"] <= m["e2e_ms"]["p99"]
+        assert m["itl_ms"]["mean"] <= m["e2e_ms"]["mean"]
+
+
+def test_meta_goals_and_markdown(report_dir: Path) -> None:
+    report = _report(report_dir)
+    meta = report["meta"]
+    assert meta["model"] == "SmolLM2-135M-Instruct" and meta["dtype"] == "bfloat16"
+    assert meta["forward_step_ms"] > 0
+    assert [g["value"] is not None for g in report["goals"]] == [True, True, True]
+    md = (report_dir / report["files"]["md"]).read_text()
+    for text in ("## W1", "## W2", "## Concurrency sweep", "## Goals", *SYSTEMS,
+                 report["files"]["throughput"], report["files"]["latency"]):
+        assert text in md

@@ -1,0 +1,158 @@
+"""The benchmark's pure parts: SSE parsing, stream accounting, metrics, workloads, report."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from infer.bench.client import Target, _StreamState
+from infer.bench.metrics import RequestResult, distribution_ms, summarize
+from infer.bench.report import markdown
+from infer.bench.sse import SSEEvent, SSEParser
+from infer.bench.workloads import BenchRequest, PromptSource, build_workloads
+
+
+def _feed_all(chunks: list[bytes]) -> list[SSEEvent]:
+    parser = SSEParser()
+    return [event for chunk in chunks for event in parser.feed(chunk)]
+
+
+STREAM = (
+    b"event: started\ndata: {\"id\": \"r1\"}\n\n"
+    b": heartbeat\n\n"
+    b"event: token\ndata: {\"i\": 0, \"token\": \"caf\\u00e9 \\u2603\"}\n\n"
+    b"event: done\ndata: {\"finish_reason\": \"length\",\n"
+    b"data:  \"usage\": {\"completion_tokens\": 1}}\n\n"
+)
+
+
+def test_sse_events_whole_stream() -> None:
+    events = _feed_all([STREAM])
+    assert [e.event for e in events] == ["started", "token", "done"]
+    assert json.loads(events[1].data)["token"] == "café ☃"
+    # data lines join with a newline; one leading space after the colon is dropped
+    assert events[2].data == '{"finish_reason": "length",\n "usage": {"completion_tokens": 1}}'
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 7, 64])
+def test_sse_events_do_not_depend_on_chunking(size: int) -> None:
+    chunks = [STREAM[i : i + size] for i in range(0, len(STREAM), size)]
+    assert _feed_all(chunks) == _feed_all([STREAM])
+
+
+def test_sse_crlf_cr_comments_and_unnamed_events() -> None:
+    raw = b": ping\r\n\r\ndata: a\r\ndata: b\r\rid: 7\revent: x\rdata: c\r\n\r\n"
+    for chunks in ([raw], [raw[i : i + 1] for i in range(len(raw))]):
+        parser = SSEParser()
+        events = [e for c in chunks for e in parser.feed(c)]
+        assert events == [SSEEvent("message", "a\nb"), SSEEvent("x", "c", "7")]
+        assert parser.comments == 1
+
+
+def test_sse_split_utf8_and_dataless_event() -> None:
+    raw = "event: token\ndata: ☃\n\nevent: empty\n\n".encode()
+    cut = raw.index("☃".encode()) + 1  # inside the three-byte character
+    assert _feed_all([raw[:cut], raw[cut:]]) == [SSEEvent("token", "☃")]
+
+
+def test_native_stream_state_counts_tokens_and_usage() -> None:
+    result = RequestResult(start=0.0)
+    state = _StreamState("native", result)
+    for t, event in enumerate(_feed_all([STREAM])):
+        state.on_event(event, float(t + 1))
+    assert state.finished and result.ok
+    assert result.token_times == [2.0] and result.output_tokens == 1 and result.end == 3.0
+
+
+def test_native_error_event_is_an_error() -> None:
+    result = RequestResult(start=0.0)
+    state = _StreamState("native", result)
+    state.on_event(SSEEvent("error", '{"code": "OVERLOADED", "message": "full"}'), 1.0)
+    assert state.finished and not result.ok and result.error == "OVERLOADED"
+
+
+def test_openai_stream_state() -> None:
+    result = RequestResult(start=0.0)
+    state = _StreamState("openai", result)
+    chunks = ['{"choices": [{"text": "Hi"}]}', '{"choices": [{"text": ""}]}',
+              '{"choices": [{"text": "!", "finish_reason": "length"}]}', "[DONE]"]
+    for t, data in enumerate(chunks):
+        state.on_event(SSEEvent("message", data), float(t + 1))
+    assert result.token_times == [1.0, 3.0] and result.output_tokens == 2 and result.end == 4.0
+
+
+def test_target_body() -> None:
+    request = BenchRequest((1, 2, 3), 5)
+    body = Target("http://h", "native", {"ignore_eos": True}).body(request)
+    assert body == {"prompt": [1, 2, 3], "max_tokens": 5, "temperature": 0.0, "ignore_eos": True}
+    assert Target("http://h", "openai").body(request)["stream"] is True
+
+
+def test_request_metrics() -> None:
+    r = RequestResult(start=10.0, token_times=[10.5, 10.6, 10.8], end=10.9, output_tokens=3)
+    assert r.ttft == pytest.approx(0.5)
+    assert r.itls == pytest.approx([0.1, 0.2])
+    assert r.tpot == pytest.approx(0.15)
+    assert r.e2e == pytest.approx(0.9)
+
+
+def test_summarize_counts_errors_and_throughput() -> None:
+    ok = RequestResult(0.0, [0.1, 0.2, 0.3], 0.4, output_tokens=3, expected_tokens=4)
+    failed = RequestResult(0.0, [], 2.0, error="HTTP_503")
+    s = summarize([ok, failed])
+    assert (s["requests"], s["completed"], s["errors"], s["short"]) == (2, 1, 1, 1)
+    assert s["error_codes"] == {"HTTP_503": 1}
+    assert s["wall_s"] == 2.0 and s["output_tok_s"] == 1.5 and s["req_s"] == 0.5
+    assert s["ttft_ms"]["p50"] == pytest.approx(100.0)
+    assert s["e2e_ms"]["mean"] == pytest.approx(400.0)
+
+
+def test_distribution_percentiles_are_ordered_and_empty_is_none() -> None:
+    d = distribution_ms([0.001 * i for i in range(1, 101)])
+    assert d["p50"] <= d["p95"] <= d["p99"] and d["mean"] == pytest.approx(50.5)
+    assert distribution_ms([]) == {"p50": None, "p95": None, "p99": None, "mean": None}
+
+
+class _ByteTokenizer:
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return list(text.encode())
+
+
+def test_prompts_have_exact_lengths_and_are_reproducible() -> None:
+    tok = _ByteTokenizer()
+    a = build_workloads(tok, ["w1", "w2", "sweep"], "full", seed=3)
+    b = build_workloads(tok, ["w1", "w2", "sweep"], "full", seed=3)
+    assert a == b
+    w1, w2, *sweep = a
+    assert len(w1.requests[0].prompt_ids) == 256 and w1.requests[0].max_new_tokens == 256
+    assert len(w2.requests) == 16 and w2.concurrency == 16
+    assert all(32 <= len(r.prompt_ids) <= 1024 for r in w2.requests)
+    assert all(64 <= r.max_new_tokens <= 256 for r in w2.requests)
+    assert [w.concurrency for w in sweep] == [1, 4, 16, 64]
+    assert len({w.requests for w in sweep}) == 1  # the same mix at every level
+    assert build_workloads(tok, ["w2"], "full", seed=4)[0].requests != w2.requests
+
+
+def test_prompt_source_wraps_around() -> None:
+    source = PromptSource(_ByteTokenizer(), "abc")
+    import random
+
+    assert len(source.prompt(10, random.Random(0))) == 10
+
+
+def test_markdown_marks_missing_values() -> None:
+    metrics = summarize([RequestResult(0.0, [0.5], 1.0, output_tokens=1)])
+    run = {"system": "sequential", "workload": "W1", "concurrency": 1, "rate": None,
+           "serial": True, "metrics": metrics, "ratio_vs_sequential": 1.0}
+    report = {
+        "meta": {"date": "2025-01-01T00:00:00", "host": "h", "model": "m", "dtype": "bfloat16",
+                 "cpu": "c", "cpu_count": 2, "torch": "t", "torch_threads": 2, "scale": "smoke",
+                 "seed": 0, "load_average": [0.0], "command": "infer bench", "notes": []},
+        "workloads": [{"name": "W1", "description": "one", "levels": [1]}],
+        "runs": [run], "unavailable": [{"system": "llama.cpp", "reason": "not installed"}],
+        "goals": [], "files": {"throughput": "t.png", "latency": "l.png"},
+    }
+    text = markdown(report)
+    assert "| sequential *(serial)* | 1.00 | 1.00× |" in text
+    assert "llama.cpp: not installed" in text and "–" in text  # one token: no ITL

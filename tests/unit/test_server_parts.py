@@ -1,0 +1,102 @@
+"""The server's pure parts: config from the environment, limits, metrics text, SSE framing."""
+
+from __future__ import annotations
+
+import pytest
+
+from infer.server import sse
+from infer.server.config import ServerConfig
+from infer.server.errors import APIError
+from infer.server.limits import ApiKeys, RateLimiter, check_prompt_size
+from infer.server.metrics import Histogram, Metrics
+from infer.server.testing import parse_sse
+
+
+def test_config_from_env() -> None:
+    config = ServerConfig.from_env({
+        "INFER_PORT": "9000", "INFER_API_KEYS": "a, b,,", "INFER_CORS_ORIGINS": "https://x/",
+        "INFER_RATE_LIMIT": "30", "INFER_MAX_TIMEOUT_S": "none", "INFER_HEARTBEAT_S": "2.5",
+        "INFER_MODEL": "/models/m", "INFER_BATCHING_MODE": "static", "INFER_SEED": "7",
+        "UNRELATED": "x",
+    })
+    assert (config.port, config.api_keys, config.cors_origins) == (9000, ("a", "b"),
+                                                                   ("https://x",))
+    assert (config.rate_limit, config.max_timeout_s, config.heartbeat_s) == (30, None, 2.5)
+    assert (config.engine.model, config.engine.batching_mode, config.engine.seed) == (
+        "/models/m", "static", 7)
+    assert ServerConfig.from_env({}) == ServerConfig()
+
+
+@pytest.mark.parametrize("env, name", [
+    ({"INFER_PORT": "http"}, "INFER_PORT"),
+    ({"INFER_PORT": "70000"}, "port"),
+    ({"INFER_HEARTBEAT_S": "0"}, "heartbeat_s"),
+    ({"INFER_BATCHING_MODE": "eager"}, "batching_mode"),
+])
+def test_config_errors_name_the_variable(env: dict[str, str], name: str) -> None:
+    with pytest.raises(ValueError, match=name):
+        ServerConfig.from_env(env)
+
+
+def test_rate_limiter_refills() -> None:
+    now = [0.0]
+    limiter = RateLimiter(per_minute=60, burst=2, clock=lambda: now[0])
+    limiter.acquire("a")
+    limiter.acquire("a")
+    with pytest.raises(APIError) as e:
+        limiter.acquire("a")
+    assert e.value.status == 429 and e.value.headers["Retry-After"] == "1"
+    limiter.acquire("b")  # per client
+    now[0] = 1.0  # one request per second
+    limiter.acquire("a")
+    with pytest.raises(APIError):
+        limiter.acquire("a")
+
+
+def test_rate_limiter_drops_idle_clients() -> None:
+    now = [0.0]
+    limiter = RateLimiter(per_minute=60, burst=1, clock=lambda: now[0], max_clients=2)
+    limiter.acquire("a")
+    limiter.acquire("b")
+    now[0] = 5.0  # both buckets are full again
+    limiter.acquire("c")
+    assert set(limiter._buckets) == {"c"}
+
+
+def test_api_keys() -> None:
+    keys = ApiKeys(["secret"])
+    keys.check("Bearer secret")
+    keys.check("bearer  secret ")
+    for header in (None, "", "Bearer", "Bearer secre", "Bearer secrets", "Token secret"):
+        with pytest.raises(APIError) as e:
+            keys.check(header)
+        assert e.value.status == 401
+    ApiKeys([]).check(None)  # disabled
+
+
+def test_prompt_size_counts_utf8_bytes() -> None:
+    check_prompt_size("é" * 8, 16)
+    with pytest.raises(APIError) as e:
+        check_prompt_size("é" * 9, 16)
+    assert (e.value.status, e.value.code) == (413, "prompt_too_large")
+
+
+def test_histogram_and_metrics_text() -> None:
+    h = Histogram("x_seconds", "help", [0.1, 1.0])
+    for v in (0.05, 0.1, 0.5, 3.0, float("nan")):
+        h.observe(v)
+    lines = h.render()
+    assert 'x_seconds_bucket{le="0.1"} 2' in lines and 'x_seconds_bucket{le="1.0"} 3' in lines
+    assert 'x_seconds_bucket{le="+Inf"} 4' in lines and "x_seconds_count 4" in lines
+    text = Metrics().render(running=2, waiting=5, ready=True)
+    assert "infer_requests_running 2\n" in text and "infer_requests_waiting 5\n" in text
+    assert 'infer_requests_total{finish_reason="eos"} 0' in text and text.endswith("\n")
+
+
+def test_sse_framing_round_trips() -> None:
+    body = (sse.event({"t": "a\nb 😀"}, "token") + sse.HEARTBEAT + sse.event({"x": 1})
+            + sse.DONE).decode()
+    events = parse_sse(body)
+    assert [(e.event, e.comment) for e in events] == [("token", None), (None, "keep-alive"),
+                                                       (None, None), (None, None)]
+    assert events[0].json() == {"t": "a\nb 😀"} and events[-1].data == "[DONE]"
