@@ -2,6 +2,8 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# See infer/__init__.py: OpenMP must not spin on a shared 2-core machine.
+export OMP_WAIT_POLICY ?= PASSIVE
 
 .PHONY: test serve lint bench clean
 

@@ -81,8 +81,13 @@ class IncrementalDetokenizer:
         self._window.append(token_id)
         return self._release(self._decode_new(final=False), final=False)
 
-    def finish(self) -> str:
+    def finish(self, drop_partial: bool = False) -> str:
         """End the stream for a reason other than a stop string; call once.
+
+        Args:
+            drop_partial: The generation was cut short (length limit, abort), so a
+                trailing character whose bytes never all arrived is dropped instead of
+                being rendered as U+FFFD.
 
         Returns:
             The text still held back: a tail that looked like the start of a stop
@@ -94,7 +99,8 @@ class IncrementalDetokenizer:
         if self._stopped or self._finished:
             return ""
         self._finished = True
-        return self._release(self._decode_new(final=True), final=True)
+        tail = self._release(self._decode_new(final=True), final=True)
+        return tail.rstrip("\ufffd") if drop_partial else tail
 
     def _seed_window(self, prompt_ids: Sequence[int]) -> list[int]:
         """The last prompt tokens, or none if they end in the middle of a character.

@@ -205,7 +205,7 @@ class Engine:
             if detok.stopped:
                 reason = FinishReason.STOP
             elif len(req.output_ids) >= req.params.max_new_tokens:
-                delta, reason = delta + detok.finish(), FinishReason.LENGTH
+                delta, reason = delta + detok.finish(drop_partial=True), FinishReason.LENGTH
         if reason is not None:
             req.finish(RequestStatus.FINISHED, reason)
             self._release(req)

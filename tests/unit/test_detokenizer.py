@@ -231,3 +231,14 @@ def test_stop_never_leaks(tok: PreTrainedTokenizerBase, before: str, after: str,
     assert det.stopped
     assert out == full[: full.index(stop)]
     assert stop not in out
+
+
+def test_cut_short_generation_drops_a_partial_character(default_tokenizer) -> None:
+    ids = default_tokenizer.encode("🎉", add_special_tokens=False)
+    assert len(ids) > 1  # the emoji arrives over several byte-level tokens
+    detok = IncrementalDetokenizer(default_tokenizer, [], stop=[])
+    deltas = [detok.add(i) for i in ids[:-1]]
+    assert deltas == [""] * (len(ids) - 1)  # nothing shown while the character arrives
+    assert detok.finish(drop_partial=True) == ""
+    whole = IncrementalDetokenizer(default_tokenizer, [], stop=[])
+    assert "".join(whole.add(i) for i in ids) + whole.finish(drop_partial=True) == "🎉"
