@@ -4,10 +4,12 @@
 from ``INFER_*`` variables; ``infer serve`` passes flags. The engine loop starts when serving
 starts, in ``app.nursery`` under its own cancel scope (see :mod:`infer.server.state`).
 
-For a graceful shutdown that ends every open stream with a terminal event, give Hypercorn
-``shutdown_trigger=shutdown_trigger(app, trigger)``: once ``trigger`` returns, the app drains
-(refuses new requests, ends running ones with ``CANCELLED``, waits for their streams) before
-Hypercorn closes the connections. ``infer serve`` does this on SIGINT and SIGTERM.
+At shutdown every open stream ends with a terminal event. Serving the app yourself, give
+Hypercorn ``shutdown_trigger=shutdown_trigger(app, trigger)``: once ``trigger`` returns, the
+app drains (refuses new requests, ends running ones with ``CANCELLED``, waits for their
+streams) before Hypercorn closes the connections; ``infer serve`` does this on SIGINT and
+SIGTERM. Under Hypercorn's own command line the app drains as soon as a request sees
+Hypercorn's shutdown deadline (within ``SHUTDOWN_POLL_S``), well inside ``graceful_timeout``.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,6 +32,8 @@ from infer.server.worker import RequestHandle
 log = logging.getLogger("infer.server")
 
 Body = TypeVar("Body", bound=BaseModel)
+
+SHUTDOWN_POLL_S = 1.0  # how often a waiting request checks whether the server is closing
 
 
 async def parse_body(model: type[Body]) -> Body:
@@ -219,10 +222,9 @@ class Generation:
         self.arrival = arrival
         self.first_token_at: float | None = None
         self._last_token_at = arrival
-        self._entered = False
+        self._deadline_at_start = trio.current_effective_deadline()
 
     def __enter__(self) -> Generation:
-        self._entered = True
         self.state.streams.enter()
         return self
 
@@ -236,17 +238,36 @@ class Generation:
     async def next(self, wait_s: float | None = None) -> StepOutput | None:
         """The next output, or ``None`` after ``wait_s`` seconds without one (a heartbeat).
 
+        While it waits, it checks every ``SHUTDOWN_POLL_S`` whether the server has begun
+        to shut down (see :meth:`_check_shutdown`).
+
         Raises:
             RuntimeError: Called after the last output.
         """
         if self.finished:
             raise RuntimeError("the generation has already finished")
-        with trio.move_on_after(wait_s if wait_s is not None else float("inf")):
-            # The handle's __anext__ is cancel-safe: a timeout loses no output.
-            out = await self.handle.__anext__()
-            self._record(out)
-            return out
-        return None
+        give_up = trio.current_time() + wait_s if wait_s is not None else math.inf
+        while True:
+            self._check_shutdown()
+            with trio.move_on_at(min(give_up, trio.current_time() + SHUTDOWN_POLL_S)):
+                # The handle's __anext__ is cancel-safe: a timeout loses no output.
+                out = await self.handle.__anext__()
+                self._record(out)
+                return out
+            if trio.current_time() >= give_up:
+                return None
+
+    def _check_shutdown(self) -> None:
+        """Drain if Hypercorn has begun its graceful shutdown.
+
+        Hypercorn (run from its own command line, where the app gets no signal) begins a
+        shutdown by giving every connection task a deadline, ``graceful_timeout`` away, at
+        which it cancels them. A deadline earlier than the one this request started under
+        means that has happened: drain now, so that this stream and every other one end
+        with a terminal event rather than be cut off at the deadline.
+        """
+        if trio.current_effective_deadline() < self._deadline_at_start:
+            self.state.begin_drain()
 
     def _record(self, out: StepOutput) -> None:
         now = trio.current_time()

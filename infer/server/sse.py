@@ -49,7 +49,7 @@ def stream_response(body: AsyncIterator[bytes]) -> Response:
     Returns:
         The response; Quart streams it chunk by chunk.
     """
-    response = Response(body, status=200, content_type="text/event-stream; charset=utf-8")
+    response = Response(body, status=200, content_type="text/event-stream")
     response.headers.update(HEADERS)
     response.timeout = None  # a stream runs as long as generation does
     return response

@@ -2,11 +2,13 @@
 
 ``while_serving`` starts :meth:`ServerState.run_engine` in ``app.nursery`` under a cancel
 scope the state owns: quart-trio would otherwise wait its background-task timeout before
-cancelling. Shutdown is two steps. :meth:`ServerState.drain` (called by the shutdown trigger
-of ``infer serve`` and of the tests, before Hypercorn closes connections) refuses new work,
-stops the worker, which ends every open request with a ``CANCELLED`` output, and waits for
-the streams to send their terminal events. :meth:`ServerState.stop` (after serving) makes
-sure the engine thread has ended.
+cancelling. Shutdown is two steps. First a drain refuses new work and stops the worker,
+which ends every open request with a ``CANCELLED`` output, so each stream sends its terminal
+event. ``infer serve`` and the tests drain from Hypercorn's shutdown trigger
+(:meth:`ServerState.drain`, which also waits for the streams); under ``hypercorn`` run from
+its own command line, the first waiting request that sees Hypercorn's shutdown deadline calls
+:meth:`ServerState.begin_drain`. Then :meth:`ServerState.stop` (after serving) makes sure the
+engine thread has ended.
 """
 
 from __future__ import annotations
@@ -137,15 +139,20 @@ class ServerState:
             self.status = Status.FAILED
             return None
 
+    def begin_drain(self) -> None:
+        """Refuse new requests and stop the worker, which ends every open request."""
+        if self.status in (Status.LOADING, Status.READY):
+            log.info("shutting down: ending open requests")
+            self.status = Status.DRAINING
+        self._scope.cancel()
+
     async def drain(self, timeout_s: float | None = None) -> None:
         """Refuse new requests, end every open one, and wait for their streams to finish.
 
         Args:
             timeout_s: Longest to wait for streams (default: ``config.drain_timeout_s``).
         """
-        if self.status in (Status.LOADING, Status.READY):
-            self.status = Status.DRAINING
-        self._scope.cancel()
+        self.begin_drain()
         with trio.move_on_after(self.config.drain_timeout_s if timeout_s is None else timeout_s):
             if self._stopped is not None:
                 await self._stopped.wait()

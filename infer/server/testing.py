@@ -41,7 +41,7 @@ class ServerHandle:
 
 
 @asynccontextmanager
-async def running_server(app: QuartTrio, graceful_timeout_s: float = 5.0
+async def running_server(app: QuartTrio, graceful_timeout_s: float = 5.0, drain: bool = True
                          ) -> AsyncIterator[ServerHandle]:
     """Serve ``app`` with Hypercorn on 127.0.0.1 and a free port until the block ends.
 
@@ -52,6 +52,8 @@ async def running_server(app: QuartTrio, graceful_timeout_s: float = 5.0
     Args:
         app: A fresh app from ``create_app``.
         graceful_timeout_s: Hypercorn's wait for open connections after the drain.
+        drain: Drain from the shutdown trigger, as ``infer serve`` does; ``False`` stops
+            Hypercorn the way its own command line does (the app finds out by itself).
 
     Yields:
         The running server (``url`` is ``http://127.0.0.1:<port>``).
@@ -61,7 +63,8 @@ async def running_server(app: QuartTrio, graceful_timeout_s: float = 5.0
     config.graceful_timeout = graceful_timeout_s
     stop = trio.Event()
     async with trio.open_nursery() as nursery:
-        serving = partial(serve, app, config, shutdown_trigger=shutdown_trigger(app, stop.wait))
+        trigger = shutdown_trigger(app, stop.wait) if drain else stop.wait
+        serving = partial(serve, app, config, shutdown_trigger=trigger)
         urls = await nursery.start(serving)
         try:
             yield ServerHandle(urls[0], stop)

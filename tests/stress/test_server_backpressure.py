@@ -297,3 +297,25 @@ async def test_inference_failure_is_a_clean_error(tiny_app, tiny_model) -> None:
     assert whole.status_code == 500 and whole.json()["error"]["code"] == "inference_failed"
     assert chunks.text.endswith("data: [DONE]\n\n") and '"code":"inference_failed"' in chunks.text
     assert stats['infer_requests_total{finish_reason="error"}'] == 3
+
+
+async def test_shutdown_without_a_drain_trigger_still_ends_streams(tiny_app) -> None:
+    """As under ``hypercorn --config ...``: the app only sees Hypercorn's shutdown deadline."""
+    gate = StepGate()
+    app = tiny_app(gate=gate)
+    runs = [Stream(), Stream()]
+    with gate:
+        # A long graceful timeout: were the app not to notice, streams would hang that long.
+        async with running_server(app, graceful_timeout_s=120, drain=False) as server, \
+                httpx.AsyncClient(base_url=server.url, timeout=120) as client:
+            gate.close()
+            async with trio.open_nursery() as nursery:
+                for s in runs:
+                    nursery.start_soon(read_stream, client, "/v1/generate", native(400), s)
+                await wait_for(lambda: gate.blocked)
+                await step_until(gate, lambda: all(len(s.events) > 1 for s in runs))
+                server.shutdown()
+                await wait_for(lambda: app.extensions["infer"].status == "draining")
+                gate.open()
+    for s in runs:
+        assert s.terminals() == ["error"] and s.named("error")[0]["code"] == "CANCELLED"
