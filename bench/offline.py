@@ -1,0 +1,136 @@
+"""In-process measurements without HTTP: the numbers issues 2 and 3 ask for.
+
+    python bench/offline.py generate   # batch-1 greedy tok/s: generate() vs transformers
+    python bench/offline.py engine     # W2 offline: sequential vs static vs continuous
+    python bench/offline.py steps      # mean decode step time at batch 1, 8, 16
+
+Run on a quiet machine; each command prints one table. Ratios within one run are what to
+compare: absolute numbers move with whatever else the 2 cores are doing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+import infer  # noqa: F401  (sets OMP_WAIT_POLICY before torch threads start)
+from infer.bench.workloads import BenchRequest, PromptSource, mixed_requests
+from infer.engine.config import EngineConfig
+from infer.engine.engine import Engine
+from infer.engine.generate import generate
+from infer.engine.sampler import SamplingParams
+from infer.models.default import ensure_default_model
+from infer.models.kv_cache import KVCache
+from infer.models.loader import LoadedModel, load_model
+
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+def _greedy(n: int) -> SamplingParams:
+    return SamplingParams(max_new_tokens=n, temperature=0.0, ignore_eos=True)
+
+
+def bench_generate(new_tokens: int, prompt_len: int) -> None:
+    """Batch-1 greedy decode tok/s of our generate() and transformers' generate()."""
+    from transformers import AutoModelForCausalLM
+
+    print(f"| dtype | infer generate() tok/s | transformers generate() tok/s | ratio |")
+    print("|---|---|---|---|")
+    for name, dtype in DTYPES.items():
+        loaded = load_model("default", dtype)
+        ids = PromptSource(loaded.tokenizer).prompt(prompt_len, __import__("random").Random(0))
+        ours = _tok_per_s(lambda: list(generate(loaded.model, ids, _greedy(new_tokens))))
+        hf = AutoModelForCausalLM.from_pretrained(ensure_default_model(), dtype=dtype).eval()
+        x = torch.tensor([ids])
+
+        def hf_run() -> None:
+            with torch.inference_mode():
+                hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=new_tokens,
+                            min_new_tokens=new_tokens, do_sample=False)
+
+        theirs = _tok_per_s(hf_run)
+        print(f"| {name} | {ours * new_tokens:.1f} | {theirs * new_tokens:.1f} | "
+              f"{ours / theirs:.2f}x |")
+
+
+def _tok_per_s(fn) -> float:
+    """Best of three runs, in runs per second (the caller scales by tokens per run)."""
+    fn()  # warm-up
+    return max(1.0 / _timed(fn) for _ in range(3))
+
+
+def _timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def bench_engine(seed: int) -> None:
+    """W2 offline: 16 requests, prompts 32-1024, 64-256 new tokens, all submitted at once."""
+    loaded = load_model("default", torch.bfloat16)
+    reqs = mixed_requests(PromptSource(loaded.tokenizer), 16, (32, 1024), (64, 256), f"W2/{seed}")
+    total = sum(r.max_new_tokens for r in reqs)
+    start = time.perf_counter()
+    for r in reqs:
+        list(generate(loaded.model, r.prompt_ids, _greedy(r.max_new_tokens)))
+    seq = time.perf_counter() - start
+    print("| system | output tok/s | x sequential |\n|---|---|---|")
+    print(f"| sequential generate() | {total / seq:.1f} | 1.00x |")
+    for mode in ("static", "continuous"):
+        elapsed = _run_engine(loaded, reqs, mode)
+        print(f"| engine {mode} | {total / elapsed:.1f} | {seq / elapsed:.2f}x |")
+
+
+def _run_engine(loaded: LoadedModel, reqs: tuple[BenchRequest, ...], mode: str) -> float:
+    config = EngineConfig(max_batch_size=16, max_seq_len=1400, batching_mode=mode)
+    engine = Engine(config, loaded.model, loaded.tokenizer, loaded.eos_token_ids)
+    start = time.perf_counter()
+    for r in reqs:
+        engine.add_request(list(r.prompt_ids), _greedy(r.max_new_tokens))
+    with torch.inference_mode():
+        while engine.has_work():
+            engine.step()
+    return time.perf_counter() - start
+
+
+def bench_steps(context: int, steps: int) -> None:
+    """Mean time of one decode forward at batch 1, 8 and 16, every row at ``context``."""
+    loaded = load_model("default", torch.bfloat16)
+    model = loaded.model
+    cache = KVCache(model.config, 16, context + steps + 1, model.dtype)
+    print(f"| batch | decode step ms (context {context}) | tok/s |\n|---|---|---|")
+    with torch.inference_mode():
+        for batch in (1, 8, 16):
+            ids = torch.zeros(batch, 1, dtype=torch.long)
+            times = []
+            for i in range(steps):
+                pos = torch.full((batch, 1), context + i)
+                start = time.perf_counter()
+                model(ids, pos, cache, rows=list(range(batch)), kv_len=context + i + 1)
+                times.append(time.perf_counter() - start)
+            ms = statistics.mean(times[2:]) * 1000
+            print(f"| {batch} | {ms:.1f} | {batch * 1000 / ms:.0f} |")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("what", choices=["generate", "engine", "steps"])
+    p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--prompt-len", type=int, default=64)
+    p.add_argument("--context", type=int, default=512)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args()
+    if args.what == "generate":
+        bench_generate(args.new_tokens, args.prompt_len)
+    elif args.what == "engine":
+        bench_engine(args.seed)
+    else:
+        bench_steps(args.context, args.steps)
+
+
+if __name__ == "__main__":
+    main()
