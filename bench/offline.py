@@ -11,8 +11,12 @@ compare: absolute numbers move with whatever else the 2 cores are doing.
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
 import time
+from collections.abc import Callable
+from functools import partial
+from typing import Any
 
 import torch
 
@@ -35,34 +39,41 @@ def _greedy(n: int) -> SamplingParams:
 
 def bench_generate(new_tokens: int, prompt_len: int) -> None:
     """Batch-1 greedy decode tok/s of our generate() and transformers' generate()."""
-    from transformers import AutoModelForCausalLM
-
-    print(f"| dtype | infer generate() tok/s | transformers generate() tok/s | ratio |")
+    print("| dtype | infer generate() tok/s | transformers generate() tok/s | ratio |")
     print("|---|---|---|---|")
     for name, dtype in DTYPES.items():
         loaded = load_model("default", dtype)
-        ids = PromptSource(loaded.tokenizer).prompt(prompt_len, __import__("random").Random(0))
-        ours = _tok_per_s(lambda: list(generate(loaded.model, ids, _greedy(new_tokens))))
-        hf = AutoModelForCausalLM.from_pretrained(ensure_default_model(), dtype=dtype).eval()
-        x = torch.tensor([ids])
-
-        def hf_run() -> None:
-            with torch.inference_mode():
-                hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=new_tokens,
-                            min_new_tokens=new_tokens, do_sample=False)
-
-        theirs = _tok_per_s(hf_run)
+        ids = PromptSource(loaded.tokenizer).prompt(prompt_len, random.Random(0))
+        ours = _tok_per_s(partial(_ours, loaded, ids, new_tokens))
+        theirs = _tok_per_s(partial(_transformers, _hf_model(dtype), ids, new_tokens))
         print(f"| {name} | {ours * new_tokens:.1f} | {theirs * new_tokens:.1f} | "
               f"{ours / theirs:.2f}x |")
 
 
-def _tok_per_s(fn) -> float:
+def _ours(loaded: LoadedModel, ids: tuple[int, ...], n: int) -> None:
+    list(generate(loaded.model, ids, _greedy(n)))
+
+
+def _hf_model(dtype: torch.dtype) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(ensure_default_model(), dtype=dtype).eval()
+
+
+def _transformers(hf: Any, ids: tuple[int, ...], n: int) -> None:
+    x = torch.tensor([ids])
+    with torch.inference_mode():
+        hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, min_new_tokens=n,
+                    do_sample=False)
+
+
+def _tok_per_s(fn: Callable[[], None]) -> float:
     """Best of three runs, in runs per second (the caller scales by tokens per run)."""
     fn()  # warm-up
     return max(1.0 / _timed(fn) for _ in range(3))
 
 
-def _timed(fn) -> float:
+def _timed(fn: Callable[[], None]) -> float:
     start = time.perf_counter()
     fn()
     return time.perf_counter() - start

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,21 +32,29 @@ class Target:
     Args:
         url: Base URL, e.g. ``http://127.0.0.1:8000``.
         api: ``native`` or ``openai`` (see the module docstring).
-        extra: Fields added to every request body (``ignore_eos``, ``model``, ``logit_bias``).
+        extra: Fields added to every request body (``ignore_eos``, ``repeat_penalty``).
+        detokenize: Send prompts as this text instead of token ids (for servers that only
+            take strings; they tokenize it again, so the length may differ by a token or so).
+        min_tokens: Also send ``min_tokens = max_tokens`` (how llama.cpp ignores EOS).
     """
 
     url: str
     api: str = "native"
     extra: dict[str, Any] = field(default_factory=dict)
+    detokenize: Callable[[Sequence[int]], str] | None = None
+    min_tokens: bool = False
 
     def body(self, request: BenchRequest) -> dict[str, Any]:
+        ids = list(request.prompt_ids)
         body: dict[str, Any] = {
-            "prompt": list(request.prompt_ids),
+            "prompt": self.detokenize(ids) if self.detokenize else ids,
             "max_tokens": request.max_new_tokens,
             "temperature": 0.0,
         }
         if self.api == "openai":
-            body["stream"] = True
+            body |= {"stream": True, "stream_options": {"include_usage": True}}
+        if self.min_tokens:
+            body["min_tokens"] = request.max_new_tokens
         return body | self.extra
 
 
@@ -139,6 +147,7 @@ async def run_workload(
     on_done: Callable[[RequestResult], None] | None = None,
     seed: int = 0,
     timeout_s: float = 900.0,
+    transport: httpx.AsyncBaseTransport | None = None,
 ) -> list[RequestResult]:
     """Offer a workload's requests to a server and collect what each measured.
 
@@ -152,6 +161,7 @@ async def run_workload(
         on_done: Called with each finished request (progress bars).
         seed: Seed of the arrival times.
         timeout_s: Read timeout of a stream (a silent stream longer than this fails).
+        transport: httpx transport to use instead of the network (tests).
     """
     results: list[RequestResult | None] = [None] * len(workload.requests)
     limiter = trio.CapacityLimiter(workload.concurrency)
@@ -167,7 +177,7 @@ async def run_workload(
         finally:
             limiter.release_on_behalf_of(i)
 
-    async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+    async with httpx.AsyncClient(timeout=timeout, limits=limits, transport=transport) as client:
         async with trio.open_nursery() as nursery:
             next_arrival = trio.current_time()
             for i, request in enumerate(workload.requests):

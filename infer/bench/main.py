@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 
 from infer.bench.baselines import forward_step_ms
 from infer.bench.metrics import summarize
-from infer.bench.report import Report, Run, tables, write_report
+from infer.bench.report import Report, Run, goals_table, tables, write_report
 from infer.bench.servers import ServerError
 from infer.bench.systems import (
     DTYPES,
@@ -63,6 +63,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--server-arg", action="append", default=[], metavar="ARG",
                    help="extra `infer serve` argument for the servers started, e.g. "
                    "--server-arg=--max-batch-size=32 (repeatable)")
+    p.add_argument("--threads", type=int,
+                   help="torch threads for every system, servers included (default: torch's, "
+                   "one per core; 1 is steadier on a machine others are using)")
     p.add_argument("--model", default="default", help="(default: %(default)s)")
     p.add_argument("--dtype", choices=list(DTYPES), default="bfloat16",
                    help="(default: %(default)s)")
@@ -88,11 +91,12 @@ def run_bench(args: argparse.Namespace) -> int:
         loaded.tokenizer, args.workloads, args.scale, args.seed, args.concurrency, args.rate
     )
     settings = Settings(loaded, args.model, args.dtype, args.seed, args.url, args.api,
-                        args.server_arg)
+                        args.server_arg, args.threads)
     meta = _meta(args, loaded.name)
     scale = SCALE_SIZES[args.scale]
-    with engine_thread() as run:  # the thread kind the engine and baselines run in
-        meta["forward_step_ms"] = run(forward_step_ms, loaded, scale.w1_prompt + scale.w1_new // 2)
+    meta["forward_step_context"] = context = scale.w1_prompt + scale.w1_new // 2  # mid-W1
+    with engine_thread(args.threads) as run:  # where the engine and the baselines run
+        meta["forward_step_ms"] = run(forward_step_ms, loaded, context)
     runs: list[Run] = []
     unavailable: list[dict[str, str]] = []
     for system in systems:
@@ -106,8 +110,9 @@ def run_bench(args: argparse.Namespace) -> int:
                       "unavailable": unavailable}
     report["goals"] = goals(runs, meta["forward_step_ms"])
     out_dir = args.out if args.out is not None else default_results_dir()
-    paths = write_report(report, out_dir, f"{meta['date'][:10]}-{_safe(meta['host'])}")
+    paths = write_report(report, out_dir, report_stem(meta))
     print(tables(report))
+    print(goals_table(report))
     for u in unavailable:
         print(f"not measured: {u['system']}: {u['reason']}")
     print("report: " + ", ".join(str(p) for p in paths.values()))
@@ -177,6 +182,12 @@ def goals(runs: list[Run], forward_ms: float | None) -> list[dict[str, Any]]:
     ]
 
 
+def report_stem(meta: dict[str, Any]) -> str:
+    """``<date>-<host>``, plus ``-<scale>`` below full scale (a quick run keeps a full report)."""
+    stem = f"{meta['date'][:10]}-{_safe(meta['host'])}"
+    return stem if meta["scale"] == "full" else f"{stem}-{meta['scale']}"
+
+
 def _metric(runs: list[Run], system: str, workload: str, name: str) -> Any:
     for run in runs:
         if run["system"] == system and run["workload"] == workload:
@@ -227,7 +238,7 @@ def _meta(args: argparse.Namespace, model_name: str) -> dict[str, Any]:
         "load_average": [round(x, 2) for x in os.getloadavg()],
         "python": platform.python_version(),
         "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
+        "torch_threads": args.threads or torch.get_num_threads(),
         "transformers": importlib.metadata.version("transformers"),
         "infer": importlib.metadata.version("infer"),
         "git_commit": _git_commit(),
@@ -236,6 +247,8 @@ def _meta(args: argparse.Namespace, model_name: str) -> dict[str, Any]:
         "scale": args.scale,
         "seed": args.seed,
         "server_args": args.server_arg,
+        "url": args.url,
+        "api": args.api if args.url else None,
         "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
     }
 

@@ -55,14 +55,15 @@ def markdown(report: Report) -> str:
         f"{meta['model']} ({meta['dtype']}), {meta['cpu']}, {meta['cpu_count']} cores, "
         f"torch {meta['torch']} with {meta['torch_threads']} threads, scale `{meta['scale']}`, "
         f"seed {meta['seed']}, load average {meta['load_average']} at the start. "
-        f"Raw batch-1 decode forward: {_num(meta.get('forward_step_ms'))} ms.",
+        f"Raw batch-1 decode forward at {meta.get('forward_step_context')} tokens of context: "
+        f"{_num(meta.get('forward_step_ms'))} ms.",
         "",
         f"Rerun: `{meta['command']}`",
         "",
         *[f"- {note}" for note in meta.get("notes", [])],
         "",
         tables(report),
-        *_goals(report.get("goals", [])),
+        goals_table(report),
         *_unavailable(report.get("unavailable", [])),
         "## Charts",
         "",
@@ -137,14 +138,16 @@ def _sweep_table(workload: dict[str, Any], runs: list[Run]) -> list[str]:
     return [*out, ""]
 
 
-def _goals(goals: list[dict[str, Any]]) -> list[str]:
+def goals_table(report: Report) -> str:
+    """Issue 5's goals with what this run measured (– where it did not measure them)."""
+    goals = report.get("goals", [])
     if not goals:
-        return []
+        return ""
     out = ["## Goals (issue 5)", "", "| goal | measured | target | met |", "|---|---|---|---|"]
     for g in goals:
         met = "–" if g["met"] is None else ("yes" if g["met"] else "**no**")
         out.append(f"| {g['goal']} | {_num(g['value'])} | {g['target']} | {met} |")
-    return [*out, ""]
+    return "\n".join([*out, ""])
 
 
 def _unavailable(items: list[dict[str, str]]) -> list[str]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +54,7 @@ class Settings:
     url: str | None = None
     api: str = "native"
     server_args: list[str] = field(default_factory=list)
+    threads: int | None = None  # torch intra-op threads everywhere (None: torch's default)
     notes: list[str] = field(default_factory=list)  # caveats found while probing
 
 
@@ -67,7 +68,7 @@ def open_system(name: str, settings: Settings) -> Iterator[Measure]:
     """
     if name == "sequential":
         loaded = settings.loaded
-        with engine_thread() as run:
+        with engine_thread(settings.threads) as run:
             yield lambda w, on_done: run(baselines.run_sequential, loaded, w, on_done)
     elif name in ("hf", "hf-batched"):
         with _hf(name, settings) as measure:
@@ -76,27 +77,33 @@ def open_system(name: str, settings: Settings) -> Iterator[Measure]:
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         mode = name.removeprefix("infer-")
-        command = infer_command(port, mode, settings.model, settings.dtype, settings.server_args)
+        args = list(settings.server_args)
+        if settings.threads:
+            args += ["--num-threads", str(settings.threads)]
+        command = infer_command(port, mode, settings.model, settings.dtype, args)
         with running_server(command, url, "/health"):
             yield _http(Target(url, "native"), settings, name)
     elif name == "llama.cpp":
         with _llama_cpp(settings) as measure:
             yield measure
     elif name == URL_SYSTEM and settings.url:
-        yield _http(Target(settings.url, settings.api), settings, name)
+        extra = {"model": settings.loaded.name} if settings.api == "openai" else {}
+        yield _http(Target(settings.url, settings.api, extra), settings, name)
     else:
         raise ValueError(f"unknown system {name!r}")
 
 
 @contextlib.contextmanager
-def engine_thread() -> Iterator[Callable[..., Any]]:
+def engine_thread(threads: int | None = None) -> Iterator[Callable[..., Any]]:
     """Yield ``run(fn, *args)``, which calls ``fn`` in one dedicated worker thread.
 
     In-process baselines run where the server runs its engine: in a thread that is not the
-    main one. It matters: torch's small batch-1 ops, with its default OpenMP threads, ran up
-    to 10x slower in the main thread than in a worker thread on a busy 2-core machine.
+    main one, with the same torch thread count. It matters: torch's small batch-1 ops, with
+    its default OpenMP threads, ran up to 10x slower in the main thread than in a worker
+    thread on a busy 2-core machine.
     """
-    with ThreadPoolExecutor(1, thread_name_prefix="bench-engine") as pool:
+    init = (lambda: torch.set_num_threads(threads)) if threads else None
+    with ThreadPoolExecutor(1, "bench-engine", initializer=init) as pool:
         yield lambda fn, *args: pool.submit(fn, *args).result()
 
 
@@ -111,7 +118,7 @@ def _hf(name: str, settings: Settings) -> Iterator[Measure]:
     if pad_id is None:
         pad_id = settings.loaded.eos_token_ids[0] if settings.loaded.eos_token_ids else 0
     hf_run = baselines.run_hf if name == "hf" else baselines.run_hf_batched
-    with engine_thread() as run:
+    with engine_thread(settings.threads) as run:
         yield lambda w, on_done: run(hf_run, model, w, pad_id, on_done)
 
 
@@ -126,11 +133,15 @@ def _llama_cpp(settings: Settings) -> Iterator[Measure]:
     gguf = _gguf_file(settings.model)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    command = llama_cpp_command(python, port, gguf, torch.get_num_threads(), LLAMA_CPP_CTX)
-    # EOS is ignored the way llama.cpp can: a -inf-like bias on every end token.
-    bias = {str(t): -100.0 for t in settings.loaded.eos_token_ids}
+    threads = settings.threads or torch.get_num_threads()
+    command = llama_cpp_command(python, port, gguf, threads, LLAMA_CPP_CTX)
+    # Its completions take text prompts only; min_tokens is how it ignores EOS; its default
+    # repeat_penalty of 1.1 would make its greedy tokens differ from everyone else's.
+    tokenizer = settings.loaded.tokenizer
+    target = Target(url, "openai", {"repeat_penalty": 1.0},
+                    lambda ids: str(tokenizer.decode(list(ids))), min_tokens=True)
     with running_server(command, url, "/v1/models"):
-        yield _http(Target(url, "openai", {"logit_bias": bias}), settings, "llama.cpp")
+        yield _http(target, settings, "llama.cpp")
 
 
 def _gguf_file(model: str) -> Path:
@@ -158,16 +169,18 @@ async def _probe_ignore_eos(target: Target, settings: Settings, name: str) -> Ta
     tokens = tuple(settings.loaded.tokenizer.encode("Call me Ishmael.", add_special_tokens=False))
     request = BenchRequest(tokens, 2)
     if target.api == "native":
-        with_flag = Target(target.url, target.api, target.extra | {"ignore_eos": True})
+        with_flag = replace(target, extra=target.extra | {"ignore_eos": True})
         status, text = await probe(with_flag, request)
         if status == 200:
             return with_flag
         if status != 422 or "ignore_eos" not in text:
             raise Unavailable(f"{name} answered a test request with {status}: {text[:300]}")
-        settings.notes.append(
-            f"{name}: the server refuses `ignore_eos`, so a request may stop at EOS before its "
-            "token count (counted as *short*); its tokens/s is then not strictly comparable"
+        note = (
+            "infer's /v1/generate refuses `ignore_eos`: a request may stop at EOS before its "
+            "token count (counted as *short*; none were if the tables show none)"
         )
+        if note not in settings.notes:
+            settings.notes.append(note)
     status, text = await probe(target, request)
     if status != 200:
         raise Unavailable(f"{name} answered a test request with {status}: {text[:300]}")

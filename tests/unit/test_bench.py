@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import json
+import random
+import time
 
+import httpx
 import pytest
+import trio
 
-from infer.bench.client import Target, _StreamState
+from infer.bench.client import Target, _StreamState, run_workload
 from infer.bench.metrics import RequestResult, distribution_ms, summarize
 from infer.bench.report import markdown
 from infer.bench.sse import SSEEvent, SSEParser
-from infer.bench.workloads import BenchRequest, PromptSource, build_workloads
+from infer.bench.workloads import BenchRequest, PromptSource, Workload, build_workloads
 
 
 def _feed_all(chunks: list[bytes]) -> list[SSEEvent]:
@@ -87,6 +91,8 @@ def test_target_body() -> None:
     body = Target("http://h", "native", {"ignore_eos": True}).body(request)
     assert body == {"prompt": [1, 2, 3], "max_tokens": 5, "temperature": 0.0, "ignore_eos": True}
     assert Target("http://h", "openai").body(request)["stream"] is True
+    text = Target("http://h", "openai", detokenize=lambda ids: "x" * len(ids), min_tokens=True)
+    assert text.body(request)["prompt"] == "xxx" and text.body(request)["min_tokens"] == 5
 
 
 def test_request_metrics() -> None:
@@ -136,8 +142,6 @@ def test_prompts_have_exact_lengths_and_are_reproducible() -> None:
 
 def test_prompt_source_wraps_around() -> None:
     source = PromptSource(_ByteTokenizer(), "abc")
-    import random
-
     assert len(source.prompt(10, random.Random(0))) == 10
 
 
@@ -156,3 +160,61 @@ def test_markdown_marks_missing_values() -> None:
     text = markdown(report)
     assert "| sequential *(serial)* | 1.00 | 1.00× |" in text
     assert "llama.cpp: not installed" in text and "–" in text  # one token: no ITL
+
+
+class _FakeServer:
+    """A native SSE endpoint that counts how many streams are open at once."""
+
+    def __init__(self) -> None:
+        self.open = 0
+        self.most_open = 0
+
+    async def __call__(self, request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        self.open += 1
+        self.most_open = max(self.most_open, self.open)
+        try:
+            await trio.sleep(0.01)
+        finally:
+            self.open -= 1
+        events = ['event: started\ndata: {"id": "x"}\n\n']
+        events += [f'event: token\ndata: {{"i": {i}}}\n\n' for i in range(body["max_tokens"])]
+        usage = {"completion_tokens": body["max_tokens"]}
+        events.append(f"event: done\ndata: {json.dumps({'usage': usage})}\n\n")
+        return httpx.Response(200, content="".join(events).encode())
+
+
+def _workload(n: int, concurrency: int, rate: float | None = None) -> Workload:
+    requests = tuple(BenchRequest((1, 2), 3) for _ in range(n))
+    return Workload("W2", "fake", requests, concurrency, rate)
+
+
+async def test_closed_loop_keeps_concurrency() -> None:
+    server = _FakeServer()
+    done: list[RequestResult] = []
+    results = await run_workload(Target("http://fake"), _workload(7, 3), done.append,
+                                 transport=httpx.MockTransport(server))
+    assert len(results) == len(done) == 7 and server.most_open == 3
+    assert all(r.ok and r.output_tokens == 3 and len(r.token_times) == 3 for r in results)
+
+
+async def test_poisson_arrivals_follow_the_seeded_schedule() -> None:
+    rate, n, seed = 40.0, 5, 7
+    arrivals = random.Random(f"arrivals/{seed}")
+    earliest = sum(arrivals.expovariate(rate) for _ in range(n))  # the last request's arrival
+    t0 = time.perf_counter()
+    results = await run_workload(Target("http://fake"), _workload(n, n, rate), seed=seed,
+                                 transport=httpx.MockTransport(_FakeServer()))
+    assert all(r.ok for r in results)
+    assert max(r.start for r in results) - t0 >= earliest * 0.999
+    assert [r.start for r in results] == sorted(r.start for r in results)
+
+
+async def test_http_errors_are_counted_not_raised() -> None:
+    def refuse(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(503, json={"error": {"code": "OVERLOADED"}})
+
+    results = await run_workload(Target("http://fake"), _workload(2, 2),
+                                 transport=httpx.MockTransport(refuse))
+    assert [r.error for r in results] == ["HTTP_503", "HTTP_503"]
+    assert summarize(results)["errors"] == 2
