@@ -127,20 +127,22 @@ class CausalLM(nn.Module, ABC):
         b = positions.shape[0]
         rows = list(range(b)) if rows is None else rows
         valid = positions >= 0
+        row_index = torch.tensor(rows, device=positions.device).unsqueeze(1)
         if cache is None:
             k_pos, k_valid, kv_len = positions, valid, positions.shape[1]
-            write_pos = positions
+            flat_index = positions.flatten()  # unused without a cache
         else:
             kv_len = kv_len if kv_len is not None else int(positions.max()) + 1
             k_pos = torch.arange(kv_len, device=positions.device).unsqueeze(0)
             k_valid = None
             write_pos = torch.where(valid, positions, cache.scratch_pos)
+            flat_index = (row_index * cache.row_stride + write_pos).flatten()
         ctx = ForwardContext(
             positions=positions,
             cache=cache,
             rows=rows,
-            row_index=torch.tensor(rows, device=positions.device).unsqueeze(1),
-            write_pos=write_pos,
+            row_index=row_index,
+            flat_index=flat_index,
             kv_len=kv_len,
             capture=capture,
         )

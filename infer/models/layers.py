@@ -91,8 +91,8 @@ class ForwardContext:
     positions: Tensor  # [B, T], -1 marks padding
     cache: KVCache | None
     rows: list[int]
-    row_index: Tensor  # [B, 1] cache rows, for writes
-    write_pos: Tensor  # [B, T] cache column per token (padding → scratch)
+    row_index: Tensor  # [B, 1] cache rows
+    flat_index: Tensor  # [B * T] row * row_stride + position per token (padding → scratch)
     kv_len: int
     rope: dict[str, tuple[Tensor, Tensor]] = field(default_factory=dict)
     masks: dict[str, Tensor] = field(default_factory=dict)  # [B, 1, T, S] bool, True = attend
@@ -102,15 +102,19 @@ class ForwardContext:
         """Store this step's k/v ``[B, T, K, D]`` and return what to attend ``[B, K, S, D]``."""
         if self.cache is None:
             return k.transpose(1, 2), v.transpose(1, 2)
-        ck, cv = self.cache.k[layer], self.cache.v[layer]
-        ck[self.row_index, :, self.write_pos] = k
-        cv[self.row_index, :, self.write_pos] = v
+        heads, dim = k.shape[-2:]
+        self.cache.write(
+            layer, self.flat_index, k.reshape(-1, heads, dim), v.reshape(-1, heads, dim)
+        )
+        ck, cv = self.cache.k[layer], self.cache.v[layer]  # [R, S_max + 1, K, D]
         first = self.rows[0]
         if self.rows == list(range(first, first + len(self.rows))):
             rows = slice(first, first + len(self.rows))
-            return ck[rows, :, : self.kv_len], cv[rows, :, : self.kv_len]
-        index = self.row_index.squeeze(1)
-        return ck[index, :, : self.kv_len], cv[index, :, : self.kv_len]
+            keys, values = ck[rows, : self.kv_len], cv[rows, : self.kv_len]
+        else:
+            index = self.row_index.squeeze(1)
+            keys, values = ck[index, : self.kv_len], cv[index, : self.kv_len]
+        return keys.transpose(1, 2), values.transpose(1, 2)
 
 
 def build_mask(q_pos: Tensor, k_pos: Tensor, k_valid: Tensor | None, window: int | None) -> Tensor:
