@@ -182,7 +182,7 @@ def _sampling_params(engine: Engine, sub: Submission, prompt_len: int) -> Sampli
         return SamplingParams(
             max_new_tokens=max_tokens, temperature=f.temperature, top_p=f.top_p,
             top_k=f.top_k, repetition_penalty=f.repetition_penalty, stop=f.stop_list(),
-            seed=f.seed, logprobs=sub.logprobs,
+            seed=f.seed, ignore_eos=f.ignore_eos, logprobs=sub.logprobs,
         )
     except ValueError as e:
         raise APIError(422, str(e), "invalid_value") from None

@@ -64,6 +64,7 @@ class SamplingFields(_Body):
     repetition_penalty: Annotated[float, Field(gt=0.0)] = 1.0
     stop: Stop = None
     seed: Annotated[int, Field(ge=SEED_MIN, le=SEED_MAX)] | None = None
+    ignore_eos: bool = False  # keep generating past EOS (benchmarks; vLLM has it too)
     user: str | None = None
 
     def stop_list(self) -> list[str]:

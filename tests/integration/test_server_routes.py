@@ -221,3 +221,19 @@ async def test_cors_allowlist(real_app) -> None:
     assert get.headers["access-control-allow-origin"] == "https://app.example"
     assert "Origin" in get.headers["vary"]
     assert "access-control-allow-origin" not in other.headers
+
+
+async def test_ignore_eos_generates_exactly_max_tokens(real_app) -> None:
+    body = {
+        "model": MODEL, "max_tokens": 40, "temperature": 0,
+        "messages": [{"role": "user", "content": "What is 2+2?"}],
+    }
+    async with running_server(real_app()) as server, httpx.AsyncClient(
+            base_url=server.url, timeout=120) as client:
+        natural = (await client.post("/v1/chat/completions", json=body)).json()
+        assert natural["choices"][0]["finish_reason"] == "stop"  # the short answer ends at EOS
+        assert natural["usage"]["completion_tokens"] < 40
+        forced = (await client.post("/v1/chat/completions",
+                                    json=body | {"ignore_eos": True})).json()
+        assert forced["choices"][0]["finish_reason"] == "length"
+        assert forced["usage"]["completion_tokens"] == 40
