@@ -136,7 +136,7 @@ class CausalLM(nn.Module, ABC):
             k_pos = torch.arange(kv_len, device=positions.device).unsqueeze(0)
             k_valid = None
             write_pos = torch.where(valid, positions, cache.scratch_pos)
-            flat_index = (row_index * cache.row_stride + write_pos).flatten()
+            flat_index = cache.flat_index(row_index, write_pos)
         ctx = ForwardContext(
             positions=positions,
             cache=cache,

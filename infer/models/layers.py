@@ -92,7 +92,7 @@ class ForwardContext:
     cache: KVCache | None
     rows: list[int]
     row_index: Tensor  # [B, 1] cache rows
-    flat_index: Tensor  # [B * T] row * row_stride + position per token (padding → scratch)
+    flat_index: Tensor  # [B * T * K] cache slot of each new key (padding → scratch)
     kv_len: int
     rope: dict[str, tuple[Tensor, Tensor]] = field(default_factory=dict)
     masks: dict[str, Tensor] = field(default_factory=dict)  # [B, 1, T, S] bool, True = attend
@@ -102,19 +102,14 @@ class ForwardContext:
         """Store this step's k/v ``[B, T, K, D]`` and return what to attend ``[B, K, S, D]``."""
         if self.cache is None:
             return k.transpose(1, 2), v.transpose(1, 2)
-        heads, dim = k.shape[-2:]
-        self.cache.write(
-            layer, self.flat_index, k.reshape(-1, heads, dim), v.reshape(-1, heads, dim)
-        )
-        ck, cv = self.cache.k[layer], self.cache.v[layer]  # [R, S_max + 1, K, D]
+        self.cache.write(layer, self.flat_index, k, v)
+        ck, cv = self.cache.k[layer], self.cache.v[layer]  # [R, K, S_max + 1, D]
         first = self.rows[0]
         if self.rows == list(range(first, first + len(self.rows))):
             rows = slice(first, first + len(self.rows))
-            keys, values = ck[rows, : self.kv_len], cv[rows, : self.kv_len]
-        else:
-            index = self.row_index.squeeze(1)
-            keys, values = ck[index, : self.kv_len], cv[index, : self.kv_len]
-        return keys.transpose(1, 2), values.transpose(1, 2)
+            return ck[rows, :, : self.kv_len], cv[rows, :, : self.kv_len]
+        index = self.row_index.squeeze(1)
+        return ck[index, :, : self.kv_len], cv[index, :, : self.kv_len]
 
 
 def build_mask(q_pos: Tensor, k_pos: Tensor, k_valid: Tensor | None, window: int | None) -> Tensor:
