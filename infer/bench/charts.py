@@ -14,6 +14,12 @@ from matplotlib.figure import Figure
 Run = dict[str, Any]
 SIZE = (7.5, 3.6)
 DPI = 90
+# One colour per system in every chart (matplotlib's default cycle, by position).
+COLORS = {
+    "sequential": "C0", "hf": "C1", "hf-batched": "C2", "infer-static": "C3",
+    "infer-continuous": "C4", "llama.cpp": "C5", "url": "C6",
+}
+PERCENTILE_SHADES = {"p50": 1.0, "p95": 0.65, "p99": 0.35}
 
 
 def throughput_chart(runs: list[Run], path: Path) -> None:
@@ -34,12 +40,15 @@ def throughput_chart(runs: list[Run], path: Path) -> None:
         )
         if not mine:
             continue
+        color = COLORS.get(system, "C7")
         if mine[0].get("serial"):
             rate = mine[0]["metrics"]["output_tok_s"]
-            ax.plot([levels[0], levels[-1]], [rate, rate], "--", label=f"{system} (serial)")
+            ax.plot([levels[0], levels[-1]], [rate, rate], "--", color=color,
+                    label=f"{system} (serial)")
         else:
             xs = [r["concurrency"] for r in mine]
-            ax.plot(xs, [r["metrics"]["output_tok_s"] for r in mine], "o-", label=system)
+            ax.plot(xs, [r["metrics"]["output_tok_s"] for r in mine], "o-", color=color,
+                    label=system)
     ax.set_xscale("log", base=2)
     ax.set_xticks(levels, [str(c) for c in levels])
     ax.set_xlabel("concurrent streams")
@@ -53,23 +62,30 @@ def throughput_chart(runs: list[Run], path: Path) -> None:
 
 
 def latency_chart(runs: list[Run], path: Path, workload: str | None) -> None:
-    """TTFT and ITL p50/p95/p99 per system on one workload, as grouped bars (log scale)."""
+    """TTFT and ITL p50/p95/p99 per system on one workload, as grouped bars (log scale).
+
+    Each system keeps its colour; p50, p95 and p99 are its bars from solid to faint.
+    """
     mine = [r for r in runs if r["workload"] == workload]
     fig = Figure(figsize=SIZE, dpi=DPI)
     axes = fig.subplots(1, 2)
     for ax, metric, title in zip(axes, ("ttft_ms", "itl_ms"), ("TTFT", "ITL"), strict=True):
         width = 0.8 / 3
         names = [r["system"] for r in mine]
-        for k, pct in enumerate(("p50", "p95", "p99")):
+        colors = [COLORS.get(name, "C7") for name in names]
+        for k, (pct, alpha) in enumerate(PERCENTILE_SHADES.items()):
             values = [r["metrics"][metric][pct] or 0.0 for r in mine]
             xs = [i + (k - 1) * width for i in range(len(mine))]
-            ax.bar(xs, values, width, label=pct)
+            ax.bar(xs, values, width, color=colors, alpha=alpha, label=pct)
         ax.set_xticks(range(len(mine)), names, rotation=30, ha="right", fontsize=7)
         if any(r["metrics"][metric]["p50"] for r in mine):
             ax.set_yscale("log")  # systems differ by orders of magnitude
         ax.set_ylabel("ms")
         ax.set_title(f"{title} percentiles ({workload})", fontsize=9)
         ax.grid(axis="y", alpha=0.3)
-    axes[0].legend(fontsize=7)
+    legend = axes[0].legend(fontsize=7)
+    for handle in legend.legend_handles:  # the legend explains shades, not systems
+        if handle is not None:
+            handle.set_color("0.3")
     fig.tight_layout()
     fig.savefig(path)

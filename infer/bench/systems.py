@@ -1,17 +1,16 @@
 """The systems a benchmark compares, each opened as a ``measure(workload, on_done)`` function.
 
-In-process baselines load their model here; servers are started as subprocesses on a free
-loopback port (or reached at ``--url``) and probed once before they are measured.
+In-process baselines load their model here and run in the calling (main) thread, as a user's
+script would call them; servers are started as subprocesses on a free loopback port (or
+reached at ``--url``) and probed once before they are measured.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 import torch
 import trio
@@ -26,7 +25,7 @@ from infer.bench.servers import (
     llama_cpp_python,
     running_server,
 )
-from infer.bench.workloads import BenchRequest, Workload
+from infer.bench.workloads import SOURCE_TEXT, BenchRequest, Workload
 from infer.models.loader import LoadedModel
 
 SYSTEMS = ("sequential", "hf", "hf-batched", "infer-static", "infer-continuous", "llama.cpp")
@@ -68,8 +67,7 @@ def open_system(name: str, settings: Settings) -> Iterator[Measure]:
     """
     if name == "sequential":
         loaded = settings.loaded
-        with engine_thread(settings.threads) as run:
-            yield lambda w, on_done: run(baselines.run_sequential, loaded, w, on_done)
+        yield lambda w, on_done: baselines.run_sequential(loaded, w, on_done)
     elif name in ("hf", "hf-batched"):
         with _hf(name, settings) as measure:
             yield measure
@@ -94,20 +92,6 @@ def open_system(name: str, settings: Settings) -> Iterator[Measure]:
 
 
 @contextlib.contextmanager
-def engine_thread(threads: int | None = None) -> Iterator[Callable[..., Any]]:
-    """Yield ``run(fn, *args)``, which calls ``fn`` in one dedicated worker thread.
-
-    In-process baselines run where the server runs its engine: in a thread that is not the
-    main one, with the same torch thread count. It matters: torch's small batch-1 ops, with
-    its default OpenMP threads, ran up to 10x slower in the main thread than in a worker
-    thread on a busy 2-core machine.
-    """
-    init = (lambda: torch.set_num_threads(threads)) if threads else None
-    with ThreadPoolExecutor(1, "bench-engine", initializer=init) as pool:
-        yield lambda fn, *args: pool.submit(fn, *args).result()
-
-
-@contextlib.contextmanager
 def _hf(name: str, settings: Settings) -> Iterator[Measure]:
     model_dir = baselines.hf_model_dir(settings.model)
     if model_dir is None:
@@ -117,9 +101,8 @@ def _hf(name: str, settings: Settings) -> Iterator[Measure]:
     pad_id = tokenizer.pad_token_id
     if pad_id is None:
         pad_id = settings.loaded.eos_token_ids[0] if settings.loaded.eos_token_ids else 0
-    hf_run = baselines.run_hf if name == "hf" else baselines.run_hf_batched
-    with engine_thread(settings.threads) as run:
-        yield lambda w, on_done: run(hf_run, model, w, pad_id, on_done)
+    run = baselines.run_hf if name == "hf" else baselines.run_hf_batched
+    yield lambda w, on_done: run(model, w, pad_id, on_done)
 
 
 @contextlib.contextmanager
@@ -188,6 +171,8 @@ async def _probe_ignore_eos(target: Target, settings: Settings, name: str) -> Ta
 
 
 def warm_up(measure: Measure, settings: Settings) -> None:
-    """One tiny request, so first-call costs (allocations, lazy imports) are not measured."""
-    tokens = tuple(settings.loaded.tokenizer.encode("It was the best of times,"))
-    measure(Workload("warm-up", "", (BenchRequest(tokens, 4),), 1), lambda r: None)
+    """Two short requests, so first-call costs (allocations, lazy imports, a fresh thread's
+    OpenMP team) are not measured."""
+    tokens = tuple(settings.loaded.tokenizer.encode(SOURCE_TEXT[:200]))
+    request = BenchRequest(tokens, 16)
+    measure(Workload("warm-up", "", (request, request), 2), lambda r: None)
