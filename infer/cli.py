@@ -1,4 +1,4 @@
-"""The ``infer`` command line: ``infer generate`` (and later ``infer serve``, ``infer bench``)."""
+"""The `infer` command line: generate, serve and bench."""
 
 from __future__ import annotations
 
