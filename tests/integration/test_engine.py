@@ -7,32 +7,16 @@ import weakref
 
 import pytest
 import torch
-import transformers
 
 from infer.engine.config import EngineConfig
 from infer.engine.engine import Engine, QueueFullError
 from infer.engine.generate import generate
 from infer.engine.request import StepOutput
 from infer.engine.sampler import SamplingParams
-from infer.models.base import CausalLM
-from infer.models.config import ModelConfig
-from infer.models.registry import create_model
 
 GREEDY = SamplingParams(max_new_tokens=12, temperature=0.0, ignore_eos=True)
 SEEDED = SamplingParams(max_new_tokens=12, temperature=0.9, top_p=0.95, top_k=50, seed=7,
                         ignore_eos=True)
-
-
-@pytest.fixture(scope="module")
-def tiny_model() -> CausalLM:
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(
-        vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
-    )
-    ref = transformers.LlamaForCausalLM(cfg)
-    config = ModelConfig.from_hf(cfg.to_dict() | {"architectures": ["LlamaForCausalLM"]})
-    return create_model(config, ref.state_dict().items(), torch.float32)
 
 
 def _engine(model, tokenizer, **kw) -> Engine:

@@ -3,29 +3,13 @@
 from __future__ import annotations
 
 import pytest
-import torch
-import transformers
 import trio
 
 from infer.engine.config import EngineConfig
 from infer.engine.engine import Engine, QueueFullError
 from infer.engine.request import StepOutput
 from infer.engine.sampler import SamplingParams
-from infer.models.config import ModelConfig
-from infer.models.registry import create_model
 from infer.server.worker import EngineWorker
-
-
-@pytest.fixture(scope="module")
-def tiny_model():
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(
-        vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
-    )
-    ref = transformers.LlamaForCausalLM(cfg)
-    config = ModelConfig.from_hf(cfg.to_dict() | {"architectures": ["LlamaForCausalLM"]})
-    return create_model(config, ref.state_dict().items(), torch.float32)
 
 
 def _worker(model, tokenizer, **kw) -> EngineWorker:

@@ -7,31 +7,15 @@ from typing import Any
 
 import pytest
 import torch
-import transformers
 from quart_trio import QuartTrio
 from transformers import PreTrainedTokenizerBase
 
 from infer.engine.config import EngineConfig
 from infer.engine.engine import Engine
 from infer.models.base import CausalLM
-from infer.models.config import ModelConfig
-from infer.models.registry import create_model
 from infer.server.app import create_app
 from infer.server.config import ServerConfig
 from infer.server.testing import GatedModel, StepGate
-
-
-@pytest.fixture(scope="session")
-def tiny_model() -> CausalLM:
-    """A 2-layer random Llama over the default tokenizer's vocabulary (fp32)."""
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(
-        vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
-    )
-    ref = transformers.LlamaForCausalLM(cfg)
-    config = ModelConfig.from_hf(cfg.to_dict() | {"architectures": ["LlamaForCausalLM"]})
-    return create_model(config, ref.state_dict().items(), torch.float32)
 
 
 @pytest.fixture
