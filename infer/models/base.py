@@ -140,7 +140,7 @@ class CausalLM(nn.Module, ABC):
         ctx = ForwardContext(
             positions=positions,
             cache=cache,
-            rows=rows,
+            row_slice=_as_slice(rows),
             row_index=row_index,
             flat_index=flat_index,
             kv_len=kv_len,
@@ -154,3 +154,9 @@ class CausalLM(nn.Module, ABC):
             kind_window = window if kind == "sliding" else None
             ctx.masks[kind] = build_mask(positions, k_pos, k_valid, kind_window)
         return ctx
+
+
+def _as_slice(rows: list[int]) -> slice | None:
+    """``rows`` as a slice if they are consecutive, else ``None``."""
+    consecutive = slice(rows[0], rows[0] + len(rows))
+    return consecutive if rows == list(range(consecutive.start, consecutive.stop)) else None

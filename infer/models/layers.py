@@ -90,7 +90,7 @@ class ForwardContext:
 
     positions: Tensor  # [B, T], -1 marks padding
     cache: KVCache | None
-    rows: list[int]
+    row_slice: slice | None  # the cache rows as a slice when they are consecutive
     row_index: Tensor  # [B, 1] cache rows
     flat_index: Tensor  # [B * T * K] cache slot of each new key (padding → scratch)
     kv_len: int
@@ -104,10 +104,8 @@ class ForwardContext:
             return k.transpose(1, 2), v.transpose(1, 2)
         self.cache.write(layer, self.flat_index, k, v)
         ck, cv = self.cache.k[layer], self.cache.v[layer]  # [R, K, S_max + 1, D]
-        first = self.rows[0]
-        if self.rows == list(range(first, first + len(self.rows))):
-            rows = slice(first, first + len(self.rows))
-            return ck[rows, :, : self.kv_len], cv[rows, :, : self.kv_len]
+        if self.row_slice is not None:  # a view: no copy of the attended cache
+            return ck[self.row_slice, :, : self.kv_len], cv[self.row_slice, :, : self.kv_len]
         index = self.row_index.squeeze(1)
         return ck[index, :, : self.kv_len], cv[index, :, : self.kv_len]
 
