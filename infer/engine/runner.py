@@ -64,13 +64,12 @@ class ModelRunner:
             chunk.request.num_cached += chunk.length
             if chunk.completes_prompt:
                 self._promote(chunk.request)
-        if len(parts) == 1:
-            return parts[0]
+        if len(parts) <= 1:
+            return parts[0] if parts else RunnerOutput()
         out = RunnerOutput([r for p in parts for r in p.requests])
-        if parts:
-            out.logits = torch.cat([p.logits for p in parts if p.logits is not None])
-            for p in parts:
-                out.attn.update(p.attn)
+        out.logits = torch.cat([p.logits for p in parts if p.logits is not None])
+        for p in parts:
+            out.attn.update(p.attn)
         return out
 
     def free(self, request: Request) -> None:
