@@ -260,13 +260,15 @@ class Generation:
     def _check_shutdown(self) -> None:
         """Drain if Hypercorn has begun its graceful shutdown.
 
-        Hypercorn (run from its own command line, where the app gets no signal) begins a
-        shutdown by giving every connection task a deadline, ``graceful_timeout`` away, at
-        which it cancels them. A deadline earlier than the one this request started under
-        means that has happened: drain now, so that this stream and every other one end
-        with a terminal event rather than be cut off at the deadline.
+        Hypercorn run from its own command line gives the app no signal: it begins a shutdown
+        by putting a deadline, ``graceful_timeout`` in the future, on the nursery that holds
+        every connection, and cancels them there. That finite future deadline is the only
+        sign. A client disconnect is not one: it *cancels* the request's scope, which reads
+        as a deadline of ``-inf`` (the bug this guards against drained the whole server on
+        every disconnect).
         """
-        if trio.current_effective_deadline() < self._deadline_at_start:
+        deadline = trio.current_effective_deadline()
+        if trio.current_time() < deadline < self._deadline_at_start:
             self.state.begin_drain()
 
     def _record(self, out: StepOutput) -> None:
