@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import logging
 import signal
+import threading
 
 import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 from quart_trio import QuartTrio
 
+from infer.engine.config import EngineConfig
 from infer.engine.engine import Engine
 from infer.server.app import create_app, shutdown_trigger
 from infer.server.config import ServerConfig
@@ -51,9 +53,36 @@ def run(config: ServerConfig, access_log: bool = False) -> None:
         LoadError: The model cannot be loaded.
     """
     log.info("loading model %s", config.engine.model)
-    engine = Engine.from_config(config.engine)
+    engine = load_off_thread(config.engine)
     app = create_app(config, engine)
     trio.run(_serve, app, hypercorn_config(config, access_log))
+
+
+def load_off_thread(config: EngineConfig) -> Engine:
+    """Load the engine in a short-lived thread, so that this thread never runs torch work.
+
+    Every thread that runs a parallel torch op owns an OpenMP team, and an idle team may
+    spin. The loader's team ends with its thread; the event loop thread (this one) never
+    gets one, and the engine thread builds its own on its first step.
+
+    Raises:
+        LoadError: The model cannot be loaded.
+    """
+    result: list[Engine] = []
+    errors: list[BaseException] = []
+
+    def load() -> None:
+        try:
+            result.append(Engine.from_config(config))
+        except BaseException as e:  # noqa: BLE001 - re-raised in the calling thread
+            errors.append(e)
+
+    thread = threading.Thread(target=load, name="infer-load")
+    thread.start()
+    thread.join()
+    if errors:
+        raise errors[0]
+    return result[0]
 
 
 async def _serve(app: QuartTrio, hyper: HypercornConfig) -> None:
