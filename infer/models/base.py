@@ -14,8 +14,11 @@ from infer.models.kv_cache import KVCache
 from infer.models.layers import (
     AttnCapture,
     ForwardContext,
+    PackedLinear,
     RMSNorm,
     build_mask,
+    can_pack,
+    pack_linears,
     rope_cos_sin,
     rope_inv_freq,
 )
@@ -76,6 +79,30 @@ class CausalLM(nn.Module, ABC):
             return self.model.embed_tokens.weight
         return self.lm_head.weight
 
+    def pack(self) -> None:
+        """Pre-pack every linear weight for oneDNN (CPU bf16/fp32; see :class:`PackedLinear`).
+
+        A tied head gets a packed copy of the embedding (the lookup needs the plain one).
+        """
+        pack_linears(self)
+        if self.config.tie_word_embeddings and can_pack(self.lm_weight()):
+            self.packed_head = PackedLinear(self.lm_weight(), None)
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        """Float32 next-token logits of final hidden states."""
+        head = getattr(self, "packed_head", None)
+        if head is not None:
+            logits = head(hidden)
+        elif self.config.tie_word_embeddings:
+            logits = F.linear(hidden, self.lm_weight())
+        else:
+            logits = self.lm_head(hidden)
+        logits = logits.float()
+        if self.config.final_logit_softcapping is not None:
+            cap = self.config.final_logit_softcapping
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
     def forward(
         self,
         input_ids: Tensor,
@@ -110,10 +137,7 @@ class CausalLM(nn.Module, ABC):
             x = layer(x, ctx)
         if logits_index is not None:
             x = x[torch.arange(x.shape[0], device=x.device), logits_index]  # [B, hidden]
-        logits = F.linear(self.model.norm(x), self.lm_weight()).float()
-        if self.config.final_logit_softcapping is not None:
-            cap = self.config.final_logit_softcapping
-            logits = torch.tanh(logits / cap) * cap
+        logits = self.logits(self.model.norm(x))
         return ForwardOutput(logits, capture.probs if capture else None)
 
     def _context(

@@ -241,6 +241,52 @@ def _concat_linear(*parts: nn.Linear) -> nn.Linear:
     return fused
 
 
+# oneDNN picks its blocked weight layout for a typical row count; 64 measured best across
+# 1, 16 and 64 rows here (a layout packed for 1 row is 30% slower at 16).
+_PACK_ROWS_HINT = 64
+
+
+def can_pack(weight: Tensor) -> bool:
+    """Whether oneDNN can hold ``weight`` pre-packed (CPU, bf16 or fp32)."""
+    return (
+        weight.device.type == "cpu"
+        and weight.dtype in (torch.bfloat16, torch.float32)
+        and torch.backends.mkldnn.is_available()
+    )
+
+
+class PackedLinear(nn.Module):
+    """A frozen ``Linear`` whose weight oneDNN reordered once, at load time.
+
+    An eager bf16 ``F.linear`` on CPU reorders the weight into oneDNN's blocked layout on
+    every call; for the small row counts of decode that copy costs as much as the matmul
+    (the model's linears at 1 row: 18.4 ms eager vs 9.5 ms packed, one thread). This is
+    the layout inductor's weight freezing produces, without compiling anything.
+    """
+
+    def __init__(self, weight: Tensor, bias: Tensor | None) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), _PACK_ROWS_HINT)
+        self.bias = bias
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> PackedLinear:
+        return cls(linear.weight, linear.bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+
+def pack_linears(module: nn.Module) -> None:
+    """Replace every CPU bf16/fp32 ``nn.Linear`` below ``module`` with a :class:`PackedLinear`."""
+    for name, child in list(module.named_children()):
+        if isinstance(child, nn.Linear) and can_pack(child.weight):
+            setattr(module, name, PackedLinear.from_linear(child))
+        else:
+            pack_linears(child)
+
+
 class DecoderLayer(nn.Module):
     """The pre-norm block of Llama and Qwen3: ``x + attn(norm(x))``, ``x + mlp(norm(x))``."""
 

@@ -48,7 +48,7 @@ def create_model(
 
     Each tensor is converted to ``dtype`` as it arrives, so at no point are there two full
     copies of the weights in memory. Then q/k/v and gate/up are fused into single
-    projections, one layer at a time.
+    projections, one layer at a time, and every linear weight is pre-packed for oneDNN.
 
     Raises:
         ValueError: A weight is missing, unexpected, or has the wrong shape.
@@ -84,6 +84,7 @@ def create_model(
     for module in model.modules():
         if isinstance(module, Attention | GatedMLP):
             module.fuse()
+    model.pack()
     return model.eval()
 
 
