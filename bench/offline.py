@@ -2,7 +2,7 @@
 
     python bench/offline.py generate   # batch-1 greedy tok/s: generate() vs transformers
     python bench/offline.py engine     # W2 offline: sequential vs static vs continuous
-    python bench/offline.py steps      # mean decode step time at batch 1, 8, 16
+    python bench/offline.py steps      # median decode step time at batch 1, 16, 64
 
 Run on a quiet machine; each command prints one table. Ratios within one run are what to
 compare: absolute numbers move with whatever else the 2 cores are doing.
@@ -27,7 +27,6 @@ from infer.engine.engine import Engine
 from infer.engine.generate import generate
 from infer.engine.sampler import SamplingParams
 from infer.models.default import ensure_default_model
-from infer.models.kv_cache import KVCache
 from infer.models.loader import LoadedModel, load_model
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -108,22 +107,24 @@ def _run_engine(loaded: LoadedModel, reqs: tuple[BenchRequest, ...], mode: str) 
 
 
 def bench_steps(context: int, steps: int) -> None:
-    """Mean time of one decode forward at batch 1, 8 and 16, every row at ``context``."""
+    """Mean time of one decode step at batch 1, 16 and 64, every sequence at ``context``."""
     loaded = load_model("default", torch.bfloat16)
-    model = loaded.model
-    cache = KVCache(model.config, 16, context + steps + 1, model.dtype)
     print(f"| batch | decode step ms (context {context}) | tok/s |\n|---|---|---|")
-    with torch.inference_mode():
-        for batch in (1, 8, 16):
-            ids = torch.zeros(batch, 1, dtype=torch.long)
-            times = []
-            for i in range(steps):
-                pos = torch.full((batch, 1), context + i)
+    for batch in (1, 16, 64):
+        config = EngineConfig(max_batch_size=batch, max_seq_len=context + steps + 8,
+                              prefill_token_budget=4096, kv_cache_gb=4.0)
+        engine = Engine(config, loaded.model, loaded.tokenizer, loaded.eos_token_ids)
+        prompt = list(PromptSource(loaded.tokenizer).prompt(context, random.Random(0)))
+        for _ in range(batch):
+            engine.add_request(prompt, _greedy(steps))
+        times = []
+        with torch.inference_mode():
+            while engine.has_work():
                 start = time.perf_counter()
-                model(ids, pos, cache, rows=list(range(batch)), kv_len=context + i + 1)
+                engine.step()
                 times.append(time.perf_counter() - start)
-            ms = statistics.mean(times[2:]) * 1000
-            print(f"| {batch} | {ms:.1f} | {batch * 1000 / ms:.0f} |")
+        ms = statistics.median(times[-steps // 2 :]) * 1000
+        print(f"| {batch} | {ms:.1f} | {batch * 1000 / ms:.0f} |")
 
 
 def main() -> None:

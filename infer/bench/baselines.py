@@ -25,8 +25,9 @@ from torch import Tensor
 from infer.bench.metrics import RequestResult
 from infer.bench.workloads import BenchRequest, Workload
 from infer.engine.generate import generate
+from infer.engine.runner import forward_sequence
 from infer.engine.sampler import SamplingParams
-from infer.models.kv_cache import KVCache
+from infer.models.kv_cache import PagedKVCache
 from infer.models.loader import LoadedModel
 
 OnDone = Callable[[RequestResult], None]
@@ -56,19 +57,16 @@ def forward_step_ms(loaded: LoadedModel, context: int, steps: int = 32) -> float
     batch-1 inter-token latency can approach.
     """
     model = loaded.model
-    cache = KVCache(model.config, 1, context + steps + 1, model.dtype, model.device)
+    size = 16
+    table = list(range(-(-(context + steps + 1) // size)))
+    cache = PagedKVCache(model.config, len(table), size, model.dtype, model.device)
     times = []
     with torch.inference_mode():
-        ids = torch.arange(context, device=model.device).unsqueeze(0) % model.config.vocab_size
-        positions = torch.arange(context, device=model.device).unsqueeze(0)
-        last = torch.tensor([context - 1], device=model.device)
-        model(ids, positions, cache, rows=[0], logits_index=last, kv_len=context)
+        forward_sequence(model, cache, table, [i % model.config.vocab_size
+                                                for i in range(context)], 0)
         for step in range(steps):
-            pos = context + step
-            token = torch.tensor([[step + 1]], device=model.device)
             t0 = time.perf_counter()
-            model(token, torch.tensor([[pos]], device=model.device), cache, rows=[0],
-                  kv_len=pos + 1)
+            forward_sequence(model, cache, table, [step + 1], context + step)
             times.append(time.perf_counter() - t0)
     return round(statistics.median(times) * 1000.0, 3)
 

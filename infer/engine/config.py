@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 DTYPES = ("bfloat16", "float16", "float32")
 BATCHING_MODES = ("static", "continuous")
+DEFAULT_KV_CACHE_GB = 0.75  # today's 16 rows x 2048 tokens of the default model, in bf16
 
 
 @dataclass
@@ -18,14 +19,19 @@ class EngineConfig:
         dtype: Weight and activation dtype: ``bfloat16`` (default on CPU), ``float16``
             or ``float32``.
         device: Torch device string.
-        max_seq_len: Longest prompt + completion a request may have; sizes the KV cache.
-        max_batch_size: Requests that run together in one forward (KV cache rows).
+        max_seq_len: Longest prompt + completion a request may have.
+        max_batch_size: Most requests that run together in one forward.
         max_waiting_requests: Queue length past which ``add_request`` refuses (503).
         batching_mode: ``"continuous"`` (admit and retire every step) or ``"static"``
             (a batch runs to completion before the next is formed).
         batch_wait_timeout_s: Static mode: how long to wait for a batch to fill.
         prefill_token_budget: Prompt tokens prefilled per step; longer prompts are
             chunked across steps so running streams keep decoding.
+        block_size: Tokens per block of the paged KV cache.
+        kv_cache_gb: KV cache budget in GB (``None``: 0.75 GB, or less when
+            ``max_batch_size`` requests of ``max_seq_len`` tokens need less). When it is
+            full, new requests wait and running ones may be preempted (recomputed later).
+        prefix_caching: Reuse the KV blocks of prompt prefixes seen before.
         seed: Seed for requests that set none (``None``: nondeterministic).
         num_threads: Torch intra-op threads for the engine thread (``None``: torch default).
 
@@ -37,11 +43,14 @@ class EngineConfig:
     dtype: str = "bfloat16"
     device: str = "cpu"
     max_seq_len: int = 2048
-    max_batch_size: int = 16
+    max_batch_size: int = 64
     max_waiting_requests: int = 64
     batching_mode: str = "continuous"
     batch_wait_timeout_s: float = 0.05
-    prefill_token_budget: int = 512
+    prefill_token_budget: int = 1024
+    block_size: int = 16
+    kv_cache_gb: float | None = None
+    prefix_caching: bool = True
     seed: int | None = None
     num_threads: int | None = None
 
@@ -52,12 +61,32 @@ class EngineConfig:
             raise ValueError(
                 f"batching_mode must be one of {BATCHING_MODES}, got {self.batching_mode!r}"
             )
-        for name in ("max_seq_len", "max_batch_size", "prefill_token_budget"):
+        for name in ("max_seq_len", "max_batch_size", "prefill_token_budget", "block_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_waiting_requests < 0:
             raise ValueError(f"max_waiting_requests must be >= 0, got {self.max_waiting_requests}")
         if self.batch_wait_timeout_s < 0:
             raise ValueError(f"batch_wait_timeout_s must be >= 0, got {self.batch_wait_timeout_s}")
+        if self.kv_cache_gb is not None and not self.kv_cache_gb > 0:
+            raise ValueError(f"kv_cache_gb must be > 0, got {self.kv_cache_gb}")
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")
+
+    def num_kv_blocks(self, bytes_per_block: int) -> int:
+        """Blocks of the KV cache for a model whose blocks take ``bytes_per_block``.
+
+        Raises:
+            ValueError: The budget cannot hold even one request of ``max_seq_len`` tokens.
+        """
+        per_seq = -(-self.max_seq_len // self.block_size)
+        if self.kv_cache_gb is None:
+            blocks = min(int(DEFAULT_KV_CACHE_GB * 1e9) // bytes_per_block,
+                         per_seq * self.max_batch_size)
+        else:
+            blocks = int(self.kv_cache_gb * 1e9) // bytes_per_block
+        if blocks < per_seq:
+            raise ValueError(
+                f"kv_cache_gb: the KV cache holds {blocks * self.block_size} tokens, fewer "
+                f"than one request of max_seq_len ({self.max_seq_len}) needs")
+        return blocks

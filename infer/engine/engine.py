@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from infer.engine.block_manager import BlockManager
 from infer.engine.config import EngineConfig
 from infer.engine.detokenizer import IncrementalDetokenizer
 from infer.engine.request import (
@@ -29,6 +30,7 @@ from infer.engine.runner import ModelRunner, RunnerOutput
 from infer.engine.sampler import SamplingParams, make_generator, sample, token_logprobs
 from infer.engine.scheduler import Scheduler, SchedulerOutput, make_scheduler
 from infer.models.base import CausalLM
+from infer.models.kv_cache import PagedKVCache
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -53,8 +55,11 @@ class Engine:
         self.tokenizer = tokenizer
         self.eos_token_ids = frozenset(eos_token_ids)
         self.model_name = model_name
-        self.scheduler: Scheduler = make_scheduler(config)
-        self.runner = ModelRunner(model, config)
+        block_bytes = PagedKVCache.bytes_per_block(model.config, config.block_size, model.dtype)
+        self.blocks = BlockManager(config.num_kv_blocks(block_bytes), config.block_size,
+                                   config.prefix_caching)
+        self.scheduler: Scheduler = make_scheduler(config, self.blocks)
+        self.runner = ModelRunner(model, config, self.blocks)
         self._ids = itertools.count()
         self._aborts: list[str] = []
         # With an engine seed, requests that bring none still sample reproducibly.
@@ -193,7 +198,8 @@ class Engine:
     def _append_token(self, req: Request, token: int) -> StepOutput:
         if req.status == RequestStatus.PREFILL:
             req.status = RequestStatus.DECODE
-            req.first_token_time = time.monotonic()
+            if req.first_token_time is None:  # (a preempted request was here before)
+                req.first_token_time = time.monotonic()
         req.output_ids.append(token)
         detok = req.detokenizer
         assert detok is not None  # set in add_request
@@ -255,7 +261,6 @@ class Engine:
 
     def _release(self, req: Request) -> None:
         self.scheduler.remove(req)
-        self.runner.free(req)
 
     def _output(self, req: Request, token: int | None, delta: str) -> StepOutput:
         return StepOutput(

@@ -10,9 +10,10 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
+from infer.engine.runner import forward_sequence
 from infer.engine.sampler import SamplingParams, make_generator, sample_token
 from infer.models.base import CausalLM
-from infer.models.kv_cache import KVCache
+from infer.models.kv_cache import PagedKVCache
 
 
 def generate(
@@ -46,13 +47,12 @@ def _generate(
     model: CausalLM, prompt: list[int], params: SamplingParams, eos: frozenset[int]
 ) -> Iterator[int]:
     n = len(prompt)
-    cache = KVCache(model.config, 1, n + params.max_new_tokens, model.dtype, model.device)
+    size = 16
+    table = list(range(-(-(n + params.max_new_tokens) // size)))
+    cache = PagedKVCache(model.config, len(table), size, model.dtype, model.device)
     generator = make_generator(params.seed)
     history = list(prompt)
-    ids = torch.tensor([prompt], device=model.device)
-    positions = torch.arange(n, device=model.device).unsqueeze(0)
-    last = torch.tensor([n - 1], device=model.device)
-    logits = model(ids, positions, cache, rows=[0], logits_index=last, kv_len=n).logits[0]
+    logits = forward_sequence(model, cache, table, prompt, 0)
     for step in range(params.max_new_tokens):
         token = sample_token(logits, params, generator, history)
         history.append(token)
@@ -61,7 +61,4 @@ def _generate(
             return
         if step + 1 == params.max_new_tokens:
             return
-        pos = n + step
-        ids = torch.tensor([[token]], device=model.device)
-        positions = torch.tensor([[pos]], device=model.device)
-        logits = model(ids, positions, cache, rows=[0], kv_len=pos + 1).logits[0, 0]
+        logits = forward_sequence(model, cache, table, [token], n + step)

@@ -62,6 +62,7 @@ class Request:
     generator: torch.Generator | None = None
     detokenizer: IncrementalDetokenizer | None = None
     num_cached: int = 0  # tokens of this request already in the KV cache
+    prefill_len: int = 0  # tokens to prefill before decoding (prompt + output if preempted)
     first_token_time: float | None = None
     finish_time: float | None = None
 
@@ -70,17 +71,19 @@ class Request:
         return len(self.prompt_ids)
 
     @property
+    def token_ids(self) -> list[int]:
+        """Prompt and output ids: the sequence the KV cache holds."""
+        return self.prompt_ids + self.output_ids
+
+    @property
     def history(self) -> list[int]:
         """Prompt and output ids (what the repetition penalty looks at)."""
-        return self.prompt_ids + self.output_ids
+        return self.token_ids
 
     @property
     def is_finished(self) -> bool:
         return self.status.is_finished
 
-    @property
-    def prefill_done(self) -> bool:
-        return self.num_cached >= self.prompt_len
 
     def finish(
         self,

@@ -1,10 +1,8 @@
-"""One step's forwards over the KV cache: decode tokens together, prefill chunks together.
+"""One step's forward: every decode token and every prefill chunk, packed into one batch.
 
-Cache rows are kept in a fixed order: every decoding request sits in rows ``0..num_decode-1``
-and prompts still being prefilled sit after them. The decode forward then reads the cache
-through a slice (a view) instead of gathering rows, which at batch 16 would copy the whole
-attended cache every step. Keeping the order costs at most two row copies when a request
-leaves and one swap when a prompt finishes prefilling.
+The batch is one row of ``N`` tokens, no padding: one token per decoding request, then each
+prefill chunk's tokens. The linears see all of them at once (one large matmul per weight
+per step); attention reads each sequence's own blocks of the paged KV cache.
 """
 
 from __future__ import annotations
@@ -14,12 +12,13 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from infer.engine.block_manager import BlockManager
 from infer.engine.config import EngineConfig
 from infer.engine.request import Request
-from infer.engine.scheduler import PrefillChunk, SchedulerOutput
+from infer.engine.scheduler import SchedulerOutput
 from infer.models.base import CausalLM
-from infer.models.kv_cache import KVCache
-from infer.models.layers import AttnCapture
+from infer.models.kv_cache import PagedKVCache
+from infer.models.layers import AttnCapture, PagedContext, PrefillSpan, build_mask
 
 
 @dataclass
@@ -32,128 +31,83 @@ class RunnerOutput:
 
 
 class ModelRunner:
-    """Owns the KV cache and which request lives in which row of it."""
+    """Owns the KV cache; turns a step's plan into one packed forward."""
 
-    def __init__(self, model: CausalLM, config: EngineConfig) -> None:
+    def __init__(self, model: CausalLM, config: EngineConfig, blocks: BlockManager) -> None:
         self.model = model
         self.config = config
-        self.cache = KVCache(
-            model.config, config.max_batch_size, config.max_seq_len, model.dtype, model.device
+        self.blocks = blocks
+        self.cache = PagedKVCache(
+            model.config, blocks.num_blocks, blocks.block_size, model.dtype, model.device
         )
-        self.slots: list[Request] = []  # row → request
-        self._rows: dict[str, int] = {}  # request id → row
-        self.num_decode = 0
-
-    @property
-    def num_rows_used(self) -> int:
-        return len(self.slots)
 
     @torch.inference_mode()
     def run(self, plan: SchedulerOutput) -> RunnerOutput:
-        """Run the decode forward and the prefill forward of one step.
+        """Run the step; decoding requests and requests whose prompt completes get logits.
 
-        Requests whose prompt completes in this step's prefill move to decode rows; their
-        first token is sampled from the returned logits, as is every decode request's next one.
+        Each request's ``num_cached`` grows by the tokens it ran, and its full blocks are
+        offered to the prefix cache.
         """
-        for chunk in plan.prefill:
-            if chunk.request.request_id not in self._rows:
-                self._assign(chunk.request)
-        parts = [self._decode(plan.decode), self._prefill(plan.prefill)]
-        parts = [p for p in parts if p.requests]
-        for chunk in plan.prefill:
-            chunk.request.num_cached += chunk.length
-            if chunk.completes_prompt:
-                self._promote(chunk.request)
-        if len(parts) <= 1:
-            return parts[0] if parts else RunnerOutput()
-        out = RunnerOutput([r for p in parts for r in p.requests])
-        out.logits = torch.cat([p.logits for p in parts if p.logits is not None])
-        for p in parts:
-            out.attn.update(p.attn)
-        return out
-
-    def free(self, request: Request) -> None:
-        """Give the request's row back, keeping decode rows first and contiguous."""
-        row = self._rows.pop(request.request_id, None)
-        if row is None:
-            return
-        last = len(self.slots) - 1
-        if row < self.num_decode:
-            last_decode = self.num_decode - 1
-            self._move(last_decode, row)
-            if last > last_decode:
-                self._move(last, last_decode)
-            self.num_decode -= 1
-        else:
-            self._move(last, row)
-        self.slots.pop()
-
-    def _decode(self, requests: list[Request]) -> RunnerOutput:
-        if not requests:
-            return RunnerOutput()
-        requests = sorted(requests, key=lambda r: self._rows[r.request_id])
-        rows = [self._rows[r.request_id] for r in requests]
-        pos = [r.num_cached for r in requests]
+        decode, chunks = plan.decode, plan.prefill
+        seqs = [*decode, *(c.request for c in chunks)]
+        tables = [self.blocks.table(r.request_id) for r in seqs]
+        size, nd = self.blocks.block_size, len(decode)
+        ids, positions, slot_blocks, ends, last = [], [], [], [], []
+        for r, table in zip(decode, tables, strict=False):
+            ids.append(r.output_ids[-1])
+            positions.append(r.num_cached)
+            slot_blocks.append(table[r.num_cached // size])
+            ends.append(r.num_cached + 1)
+            last.append(len(ids) - 1)
+        spans: list[PrefillSpan] = []
+        for c, table in zip(chunks, tables[nd:], strict=True):
+            spans.append(PrefillSpan(len(ids), c.length, c.start))
+            ids += c.request.token_ids[c.start : c.start + c.length]
+            span_positions = range(c.start, c.start + c.length)
+            positions += span_positions
+            slot_blocks += [table[p // size] for p in span_positions]
+            ends.append(c.start + c.length)
+            last.append(len(ids) - 1)
+        for span in spans:
+            _masks(self.model, span)
         device = self.model.device
-        ids = torch.tensor([[r.output_ids[-1]] for r in requests], device=device)
-        positions = torch.tensor(pos, device=device).unsqueeze(1)
-        capture = _capture_for(requests)
-        out = self.model(ids, positions, self.cache, rows, capture=capture, kv_len=max(pos) + 1)
-        for r in requests:
-            r.num_cached += 1
-        attn = _trace_rows(requests, out.attn, [0] * len(requests), pos)
-        return RunnerOutput(requests, out.logits[:, 0], attn)
-
-    def _prefill(self, chunks: list[PrefillChunk]) -> RunnerOutput:
-        if not chunks:
-            return RunnerOutput()
-        width = max(c.length for c in chunks)
-        ids, positions = [], []
-        for c in chunks:
-            pad = width - c.length
-            ids.append(c.request.prompt_ids[c.start : c.start + c.length] + [0] * pad)
-            positions.append(list(range(c.start, c.start + c.length)) + [-1] * pad)
-        device = self.model.device
-        rows = [self._rows[c.request.request_id] for c in chunks]
-        last = [c.length - 1 for c in chunks]
-        done = [c for c in chunks if c.completes_prompt]
-        out = self.model(
-            torch.tensor(ids, device=device),
-            torch.tensor(positions, device=device),
-            self.cache,
-            rows,
-            logits_index=torch.tensor(last, device=device),
-            capture=_capture_for([c.request for c in done]),
-            kv_len=max(c.start + c.length for c in chunks),
+        width = max((len(t) for t in tables[:nd]), default=0)
+        ctx = PagedContext(
+            cache=self.cache,
+            slots=self.cache.slot_index(torch.tensor(slot_blocks, device=device),
+                                        torch.tensor(positions, device=device) % size),
+            num_decode=nd,
+            block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables[:nd]],
+                                      dtype=torch.int32, device=device).reshape(nd, width),
+            seq_lens=torch.tensor(ends[:nd], dtype=torch.int32, device=device),
+            spans=spans,
+            seq_blocks=[torch.tensor(t, device=device) for t in tables],
+            seq_ends=ends,
+            last_token=last,
+            capture=_capture_for(seqs),
         )
-        keep = [i for i, c in enumerate(chunks) if c.completes_prompt]
-        requests = [chunks[i].request for i in keep]
-        end_pos = [chunks[i].start + chunks[i].length - 1 for i in keep]
-        attn = _trace_rows(requests, _select(out.attn, keep), [last[i] for i in keep], end_pos)
-        return RunnerOutput(requests, out.logits[keep], attn)
+        finishing = list(range(nd)) + [nd + i for i, c in enumerate(chunks) if c.completes_prompt]
+        out = self.model.forward_paged(
+            torch.tensor(ids, device=device), torch.tensor(positions, device=device), ctx,
+            torch.tensor([last[i] for i in finishing], device=device, dtype=torch.long))
+        for r in decode:
+            r.num_cached += 1
+        for c in chunks:
+            c.request.num_cached += c.length
+        for r in seqs:
+            self.blocks.commit(r.request_id, r.token_ids, r.num_cached)
+        requests = [seqs[i] for i in finishing]
+        return RunnerOutput(requests, out.logits, _trace_rows(requests, out.attn, finishing))
 
-    def _assign(self, request: Request) -> None:
-        if len(self.slots) >= self.cache.max_batch_size:
-            raise RuntimeError("no free KV cache row (scheduler admitted too many requests)")
-        self._rows[request.request_id] = len(self.slots)
-        self.slots.append(request)
-
-    def _promote(self, request: Request) -> None:
-        row, first_prefill = self._rows[request.request_id], self.num_decode
-        if row != first_prefill:
-            other = self.slots[first_prefill]
-            self.cache.swap_rows(row, first_prefill, request.num_cached, other.num_cached)
-            self.slots[row], self.slots[first_prefill] = other, request
-            self._rows[other.request_id], self._rows[request.request_id] = row, first_prefill
-        self.num_decode += 1
-
-    def _move(self, src: int, dst: int) -> None:
-        if src == dst:
-            return
-        request = self.slots[src]
-        self.cache.copy_row(src, dst, request.num_cached)
-        self.slots[dst] = request
-        self._rows[request.request_id] = dst
+def _masks(model: CausalLM, span: PrefillSpan) -> None:
+    """Masks ``[T, S]`` for a span that attends past its own tokens, or through a window."""
+    window, device = model.config.sliding_window, model.device
+    q_pos = torch.arange(span.start, span.start + span.length, device=device)[None]
+    k_pos = torch.arange(span.start + span.length, device=device)[None]
+    for kind in set(model.config.layer_types):
+        kind_window = window if kind == "sliding" else None
+        if span.start > 0 or kind_window is not None:
+            span.masks[kind] = build_mask(q_pos, k_pos, None, kind_window)[0, 0]
 
 
 def _capture_for(requests: list[Request]) -> AttnCapture | None:
@@ -163,18 +117,51 @@ def _capture_for(requests: list[Request]) -> AttnCapture | None:
     return AttnCapture(layers) if layers else None
 
 
-def _select(attn: dict[int, Tensor] | None, keep: list[int]) -> dict[int, Tensor] | None:
-    return None if attn is None else {k: v[keep] for k, v in attn.items()}
-
-
 def _trace_rows(
-    requests: list[Request], attn: dict[int, Tensor] | None, query: list[int], pos: list[int]
+    requests: list[Request], attn: dict[int, list[Tensor]] | None, seqs: list[int]
 ) -> dict[str, Tensor]:
-    """Each traced request's attention row ``[H, pos + 1]`` at its own layer."""
+    """Each traced request's attention row ``[H, S]`` at its own layer."""
     rows: dict[str, Tensor] = {}
     if attn is None:
         return rows
-    for i, r in enumerate(requests):
+    for r, seq in zip(requests, seqs, strict=True):
         if r.trace is not None and r.trace.layer is not None:
-            rows[r.request_id] = attn[r.trace.layer][i, :, query[i], : pos[i] + 1]
+            rows[r.request_id] = attn[r.trace.layer][seq]
     return rows
+
+
+
+def forward_sequence(
+    model: CausalLM, cache: PagedKVCache, table: list[int], ids: list[int], start: int
+) -> Tensor:
+    """Run one sequence's tokens ``ids`` (at positions ``start...``) over its blocks.
+
+    The single-request path (:func:`infer.engine.generate.generate`, the baselines): one
+    token runs as a decode, more as a prefill span.
+
+    Returns:
+        ``[V]`` float32 logits of the last token.
+    """
+    device, size, n = model.device, cache.block_size, len(ids)
+    positions = list(range(start, start + n))
+    decode = n == 1 and start > 0
+    span = PrefillSpan(0, n, start)
+    ctx = PagedContext(
+        cache=cache,
+        slots=cache.slot_index(torch.tensor([table[p // size] for p in positions], device=device),
+                               torch.tensor(positions, device=device) % size),
+        num_decode=1 if decode else 0,
+        block_tables=torch.tensor([table] if decode else [], dtype=torch.int32,
+                                  device=device).reshape(int(decode), -1 if decode else 0),
+        seq_lens=torch.tensor([start + n] if decode else [], dtype=torch.int32, device=device),
+        spans=[] if decode else [span],
+        seq_blocks=[torch.tensor(table, device=device)],
+        seq_ends=[start + n],
+        last_token=[n - 1],
+    )
+    if not decode:
+        _masks(model, span)
+    out = model.forward_paged(torch.tensor(ids, device=device),
+                              torch.tensor(positions, device=device), ctx,
+                              torch.tensor([n - 1], device=device))
+    return out.logits[0]

@@ -2,7 +2,11 @@
 
 Both policies share the step plan: every running request past its prompt decodes one token,
 and prompts are prefilled in chunks under a per-step token budget, so one long prompt never
-freezes the streams already running. They differ only in admission:
+freezes the streams already running. Every token needs room in the paged KV cache: a
+request is admitted only when its first chunk fits, and when a decoding request needs a
+block and none is free, the most recently admitted request is preempted (its blocks freed;
+it waits at the head of the queue and later recomputes its prompt and output so far). The
+policies differ only in admission:
 
 - static: wait up to ``batch_wait_timeout_s`` for ``max_batch_size`` requests, then run that
   batch to completion before admitting anything else;
@@ -16,6 +20,7 @@ from abc import ABC, abstractmethod
 from collections import deque
 from dataclasses import dataclass, field
 
+from infer.engine.block_manager import BlockManager
 from infer.engine.config import EngineConfig
 from infer.engine.request import Request, RequestStatus
 
@@ -30,7 +35,7 @@ class PrefillChunk:
 
     @property
     def completes_prompt(self) -> bool:
-        return self.start + self.length == self.request.prompt_len
+        return self.start + self.length == self.request.prefill_len
 
 
 @dataclass
@@ -44,12 +49,24 @@ class SchedulerOutput:
 
 
 class Scheduler(ABC):
-    """FCFS queue plus the set of running requests (at most ``max_batch_size``)."""
+    """FCFS queue, the running set (at most ``max_batch_size``) and the KV blocks.
 
-    def __init__(self, config: EngineConfig) -> None:
+    Args:
+        config: Batch limits and budgets.
+        blocks: The KV cache's blocks (default: enough for ``max_batch_size`` requests of
+            ``max_seq_len`` tokens, for tests without a model).
+    """
+
+    def __init__(self, config: EngineConfig, blocks: BlockManager | None = None) -> None:
         self.config = config
+        if blocks is None:
+            size = config.block_size
+            blocks = BlockManager(config.max_batch_size * -(-config.max_seq_len // size), size,
+                                  config.prefix_caching)
+        self.blocks = blocks
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self.preemptions = 0
 
     def add_request(self, request: Request) -> bool:
         """Queue a request; False when ``max_waiting_requests`` are already waiting."""
@@ -68,74 +85,130 @@ class Scheduler(ABC):
         return None
 
     def remove(self, request: Request) -> None:
-        """Forget a request (finished, aborted or failed) wherever it is."""
+        """Forget a request (finished, aborted or failed) wherever it is; free its blocks."""
         if request in self.running:
             self.running.remove(request)
         elif request in self.waiting:
             self.waiting.remove(request)
+        self.blocks.free(request.request_id)
 
     def schedule(self) -> SchedulerOutput:
-        """Plan the next step: admit (per policy), then decode + budgeted prefill."""
-        for req in self._admit():
-            req.status = RequestStatus.PREFILL
-            self.running.append(req)
-        decode = [r for r in self.running if r.status == RequestStatus.DECODE]
-        prefilling = [r for r in self.running if r.status == RequestStatus.PREFILL]
-        return SchedulerOutput(self._prefill_chunks(prefilling), decode)
-
-    @abstractmethod
-    def _admit(self) -> list[Request]:
-        """Take the requests that join the running set now, in FCFS order."""
-
-    def _take_waiting(self, n: int) -> list[Request]:
-        return [self.waiting.popleft() for _ in range(min(n, len(self.waiting)))]
-
-    def _prefill_chunks(self, prefilling: list[Request]) -> list[PrefillChunk]:
-        """Chunks padded to one length ``T`` (the first chunk's), ``count * T <= budget``.
-
-        The oldest prompt sets ``T``; younger prompts ride along in chunks of at most ``T``
-        tokens while the padded batch still fits the budget.
-        """
+        """Plan the next step: decode every running request that can grow, admit (per
+        policy), then prefill chunks of prompts, oldest first, within the token budget."""
+        decode = self._decodes()
+        self._admit()
         budget = self.config.prefill_token_budget
         chunks: list[PrefillChunk] = []
-        width = 0
-        for req in prefilling:
-            remaining = req.prompt_len - req.num_cached
-            if not chunks:
-                width = min(remaining, budget)
-            elif (len(chunks) + 1) * width > budget:
+        for req in self.running:
+            if req.status != RequestStatus.PREFILL or budget <= 0:
+                continue
+            chunk = self._chunk(req, budget)
+            if chunk is None:
                 break
-            chunks.append(PrefillChunk(req, req.num_cached, min(remaining, width)))
-        return chunks
+            chunks.append(chunk)
+            budget -= chunk.length
+        return SchedulerOutput(chunks, decode)
+
+    def _backlog(self) -> int:
+        """Prompt tokens that running requests still have to prefill."""
+        return sum(r.prefill_len - r.num_cached for r in self.running
+                   if r.status == RequestStatus.PREFILL)
+
+    def _decodes(self) -> list[Request]:
+        """Running requests past their prompt, each with room for one more token."""
+        decode = []
+        for req in list(self.running):
+            if req.status != RequestStatus.DECODE or req not in self.running:
+                continue
+            while not self.blocks.ensure(req.request_id, req.num_cached + 1):
+                victim = self.running[-1]
+                self._preempt(victim)
+                if victim is req:
+                    break
+            else:
+                decode.append(req)
+        return [r for r in decode if r in self.running]
+
+    def _preempt(self, req: Request) -> None:
+        """Free a running request's blocks; it waits first in line to recompute."""
+        self.running.remove(req)
+        self.blocks.free(req.request_id)
+        req.status, req.num_cached = RequestStatus.WAITING, 0
+        self.waiting.appendleft(req)
+        self.preemptions += 1
+
+    def _chunk(self, req: Request, budget: int) -> PrefillChunk | None:
+        """The next chunk of a prompt that fits the budget and the free blocks, or None."""
+        length = min(req.prefill_len - req.num_cached, budget)
+        room = (len(self.blocks.table(req.request_id)) + self.blocks.num_free) \
+            * self.blocks.block_size - req.num_cached
+        length = min(length, room)
+        if length <= 0 or not self.blocks.ensure(req.request_id, req.num_cached + length):
+            return None
+        return PrefillChunk(req, req.num_cached, length)
+
+    def _start(self, req: Request, first: int) -> bool:
+        """Move a waiting request into the running set if ``first`` tokens of its prompt
+        (after what the prefix cache holds) can get blocks."""
+        tokens = req.token_ids
+        req.prefill_len = len(tokens)
+        req.num_cached = self.blocks.match_prefix(req.request_id, tokens)
+        first = max(1, min(req.prefill_len - req.num_cached, first))
+        if not self.blocks.ensure(req.request_id, req.num_cached + first):
+            self.blocks.free(req.request_id)
+            req.num_cached = 0
+            return False
+        req.status = RequestStatus.PREFILL
+        self.running.append(req)
+        return True
+
+    @abstractmethod
+    def _admit(self) -> None:
+        """Move the requests that join the running set now, in FCFS order."""
+
+    def _take_waiting(self, n: int, budget: int) -> None:
+        """Start up to ``n`` waiting requests while ``budget`` prompt tokens and blocks last."""
+        while self.waiting and n > 0 and budget > 0:
+            req = self.waiting[0]
+            if not self._start(req, budget):
+                break
+            self.waiting.popleft()
+            n -= 1
+            budget -= req.prefill_len - req.num_cached
 
 
 class StaticScheduler(Scheduler):
     """All in, all out: a batch forms (bounded wait) and runs until every request ends."""
 
-    def __init__(self, config: EngineConfig) -> None:
-        super().__init__(config)
+    def __init__(self, config: EngineConfig, blocks: BlockManager | None = None) -> None:
+        super().__init__(config, blocks)
         self._deadline: float | None = None
 
-    def _admit(self) -> list[Request]:
+    def _admit(self) -> None:
         if self.running or not self.waiting:
-            return []
+            return
         now = time.monotonic()
         if self._deadline is None:
             self._deadline = now + self.config.batch_wait_timeout_s
         if len(self.waiting) < self.config.max_batch_size and now < self._deadline:
-            return []
+            return
         self._deadline = None
-        return self._take_waiting(self.config.max_batch_size)
+        # The whole batch joins now; its prompts are prefilled over the next steps.
+        self._take_waiting(self.config.max_batch_size, self.config.max_seq_len
+                           * self.config.max_batch_size)
 
 
 class ContinuousScheduler(Scheduler):
     """Admit and retire at every step: a free slot is filled at once."""
 
-    def _admit(self) -> list[Request]:
-        return self._take_waiting(self.config.max_batch_size - len(self.running))
+    def _admit(self) -> None:
+        # Admit only what this step's prefill budget can start on: FCFS stays fair, and
+        # requests that cannot run yet keep their blocks free for those that can.
+        self._take_waiting(self.config.max_batch_size - len(self.running),
+                           self.config.prefill_token_budget - self._backlog())
 
 
-def make_scheduler(config: EngineConfig) -> Scheduler:
+def make_scheduler(config: EngineConfig, blocks: BlockManager | None = None) -> Scheduler:
     if config.batching_mode == "static":
-        return StaticScheduler(config)
-    return ContinuousScheduler(config)
+        return StaticScheduler(config, blocks)
+    return ContinuousScheduler(config, blocks)

@@ -10,11 +10,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from infer.models.config import ModelConfig
-from infer.models.kv_cache import KVCache
 from infer.models.layers import (
     AttnCapture,
     ForwardContext,
     PackedLinear,
+    PagedContext,
     RMSNorm,
     build_mask,
     can_pack,
@@ -107,80 +107,67 @@ class CausalLM(nn.Module, ABC):
         self,
         input_ids: Tensor,
         positions: Tensor,
-        cache: KVCache | None = None,
-        rows: list[int] | None = None,
         logits_index: Tensor | None = None,
         capture: AttnCapture | None = None,
-        kv_len: int | None = None,
     ) -> ForwardOutput:
-        """Run new tokens through the model, reading and extending the KV cache.
+        """Run whole sequences through the model, without a KV cache.
+
+        This is the reference path (tests, attention inspection); serving runs
+        :meth:`forward_paged`.
 
         Args:
             input_ids: ``[B, T]`` token ids (right-padded rows use any id).
-            positions: ``[B, T]`` position of each token in its sequence; -1 marks padding.
-            cache: KV cache to write into and attend over; ``None`` attends only to these
-                tokens (a whole sequence from position 0).
-            rows: Cache row of each batch row (default ``0..B-1``).
+            positions: ``[B, T]`` position of each token, from 0; -1 marks padding.
             logits_index: ``[B]`` index into T of the one token per row to return logits for
                 (each row's last real token); ``None`` returns logits for every token.
-            capture: Return the attention probabilities of some layers.
-            kv_len: Attended length (``max(positions) + 1``) if the caller knows it.
+            capture: Return the attention probabilities ``[B, H, T, T]`` of some layers.
 
         Returns:
-            The logits and, when ``capture`` was given, those layers' attention probabilities.
+            The logits and, when ``capture`` was given, those layers' probabilities.
         """
-        ctx = self._context(positions, cache, rows, capture, kv_len)
-        x = self.model.embed_tokens(input_ids)
+        ctx = ForwardContext(positions=positions, capture=capture)
+        valid = positions >= 0
+        for kind in set(self.config.layer_types):
+            ctx.rope[kind] = self._rope(kind, positions.clamp(min=0))
+            ctx.masks[kind] = build_mask(positions, positions, valid, self._window(kind))
+        x = self._layers(self.model.embed_tokens(input_ids), ctx)
+        if logits_index is not None:
+            x = x[torch.arange(x.shape[0], device=x.device), logits_index]  # [B, hidden]
+        return ForwardOutput(self.logits(self.model.norm(x)), capture.probs if capture else None)
+
+    def forward_paged(
+        self, input_ids: Tensor, positions: Tensor, ctx: PagedContext, logits_index: Tensor
+    ) -> ForwardOutput:
+        """Run a packed batch of new tokens over the paged KV cache.
+
+        Args:
+            input_ids: ``[N]`` token ids: decode tokens first, then prefill spans.
+            positions: ``[N]`` their positions in their sequences.
+            ctx: Where the keys go and what each sequence attends to; its ``rope`` is
+                filled here.
+            logits_index: ``[R]`` the tokens to return logits for.
+
+        Returns:
+            ``[R, V]`` float32 logits; with ``ctx.capture``, each sequence's last-token
+            attention row per captured layer.
+        """
+        for kind in set(self.config.layer_types):
+            ctx.rope[kind] = self._rope(kind, positions.unsqueeze(0))
+            ctx.rope[kind] = tuple(t[0] for t in ctx.rope[kind])  # type: ignore[assignment]
+            ctx.windows[kind] = self._window(kind) or 0
+        x = self._layers(self.model.embed_tokens(input_ids), ctx)  # [N, hidden]
+        logits = self.logits(self.model.norm(x.index_select(0, logits_index)))
+        return ForwardOutput(logits, ctx.capture.probs if ctx.capture else None)
+
+    def _layers(self, x: Tensor, ctx: ForwardContext | PagedContext) -> Tensor:
         if self.embed_scale:
             x = x * torch.tensor(self.config.hidden_size**0.5, dtype=x.dtype)
         for layer in self.model.layers:
             x = layer(x, ctx)
-        if logits_index is not None:
-            x = x[torch.arange(x.shape[0], device=x.device), logits_index]  # [B, hidden]
-        logits = self.logits(self.model.norm(x))
-        return ForwardOutput(logits, capture.probs if capture else None)
+        return x
 
-    def _context(
-        self,
-        positions: Tensor,
-        cache: KVCache | None,
-        rows: list[int] | None,
-        capture: AttnCapture | None,
-        kv_len: int | None,
-    ) -> ForwardContext:
-        b = positions.shape[0]
-        rows = list(range(b)) if rows is None else rows
-        valid = positions >= 0
-        row_index = torch.tensor(rows, device=positions.device).unsqueeze(1)
-        if cache is None:
-            k_pos, k_valid, kv_len = positions, valid, positions.shape[1]
-            flat_index = positions.flatten()  # unused without a cache
-        else:
-            kv_len = kv_len if kv_len is not None else int(positions.max()) + 1
-            k_pos = torch.arange(kv_len, device=positions.device).unsqueeze(0)
-            k_valid = None
-            write_pos = torch.where(valid, positions, cache.scratch_pos)
-            flat_index = cache.flat_index(row_index, write_pos)
-        ctx = ForwardContext(
-            positions=positions,
-            cache=cache,
-            row_slice=_as_slice(rows),
-            row_index=row_index,
-            flat_index=flat_index,
-            kv_len=kv_len,
-            capture=capture,
-        )
-        rope_pos = positions.clamp(min=0)
-        window = self.config.sliding_window
-        for kind in set(self.config.layer_types):
-            inv_freq = getattr(self, f"inv_freq_{kind}")
-            ctx.rope[kind] = rope_cos_sin(inv_freq, rope_pos, self.dtype)
-            kind_window = window if kind == "sliding" else None
-            ctx.masks[kind] = build_mask(positions, k_pos, k_valid, kind_window)
-        return ctx
+    def _rope(self, kind: str, positions: Tensor) -> tuple[Tensor, Tensor]:
+        return rope_cos_sin(getattr(self, f"inv_freq_{kind}"), positions, self.dtype)
 
-
-def _as_slice(rows: list[int]) -> slice | None:
-    """``rows`` as a slice if they are consecutive, else ``None``."""
-    consecutive = slice(rows[0], rows[0] + len(rows))
-    return consecutive if rows == list(range(consecutive.start, consecutive.stop)) else None
+    def _window(self, kind: str) -> int | None:
+        return self.config.sliding_window if kind == "sliding" else None

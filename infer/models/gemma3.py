@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from infer.models.base import CausalLM
 from infer.models.config import ModelConfig
-from infer.models.layers import Attention, ForwardContext, GatedMLP, RMSNorm
+from infer.models.layers import Attention, ForwardContext, GatedMLP, PagedContext, RMSNorm
 
 GEMMA_NORM_OFFSET = 1.0
 
@@ -31,7 +31,7 @@ class Gemma3DecoderLayer(nn.Module):
         self.mlp = GatedMLP(config)
         self.post_feedforward_layernorm = RMSNorm(h, eps, off)
 
-    def forward(self, x: Tensor, ctx: ForwardContext) -> Tensor:
+    def forward(self, x: Tensor, ctx: ForwardContext | PagedContext) -> Tensor:
         x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), ctx))
         return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
 

@@ -1,80 +1,86 @@
-"""A batched KV cache: one row per running request, written at each row's own positions."""
+"""A paged KV cache: fixed-size blocks in one pool, each sequence owning a list of blocks.
+
+Memory follows the tokens in use: a sequence of ``n`` tokens holds ``ceil(n / block_size)``
+blocks, wherever they are in the pool (who owns which block is the engine's business, see
+:mod:`infer.engine.block_manager`). The model only needs, per step, where each new key goes
+(a flat slot index) and, per sequence, its block table.
+"""
 
 from __future__ import annotations
 
 import torch
+from torch import Tensor
 
 from infer.models.config import ModelConfig
 
 
-class KVCache:
-    """Plain key/value buffers for every layer.
+class PagedKVCache:
+    """Key/value blocks of every layer.
 
-    ``k`` and ``v`` are ``[layers, rows, kv_heads, max_seq_len + 1, head_dim]``. Row ``r``
-    holds one request; its token at position ``p`` lives at ``[:, r, :, p]``. The extra last
-    position is scratch: padded tokens of a ragged batch write there, and no query ever reads
-    it (queries see only positions up to their own, which are below ``max_seq_len``).
-
-    Head-major rows are what attention reads (``[B, K, S, D]`` slices, contiguous per head).
-    Writes use one ``index_copy_`` over the flat ``(row, head, position)`` index: indexing
-    rows and positions as two tensors with heads in between cost 50x more on this CPU.
+    ``k`` and ``v`` are ``[layers, num_blocks, kv_heads, block_size, head_dim]``: within a
+    block, each head's positions are contiguous, which is what attention reads. A key at
+    position ``p`` of a sequence lives in block ``table[p // block_size]`` at offset
+    ``p % block_size``. New keys go in with one ``index_copy_`` over the flat
+    ``(block, head, offset)`` row index (see :meth:`slot_index`).
     """
 
     def __init__(
         self,
         config: ModelConfig,
-        max_batch_size: int,
-        max_seq_len: int,
+        num_blocks: int,
+        block_size: int,
         dtype: torch.dtype,
         device: str | torch.device = "cpu",
     ) -> None:
-        if max_batch_size < 1 or max_seq_len < 1:
-            raise ValueError("KVCache needs max_batch_size >= 1 and max_seq_len >= 1")
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError("PagedKVCache needs num_blocks >= 1 and block_size >= 1")
         shape = (
             config.num_hidden_layers,
-            max_batch_size,
+            num_blocks,
             config.num_key_value_heads,
-            max_seq_len + 1,
+            block_size,
             config.head_dim,
         )
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
-        self.max_batch_size = max_batch_size
-        self.max_seq_len = max_seq_len
+        self.num_blocks = num_blocks
+        self.block_size = block_size
 
-    @property
-    def scratch_pos(self) -> int:
-        return self.max_seq_len
-
-    def flat_index(self, rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Flat ``(row, head, position)`` index ``[B * T * K]`` for rows ``[B, 1]`` and
-        positions ``[B, T]``, in the order of ``k.reshape(-1, head_dim)`` for k ``[B, T, K, D]``.
-        """
-        heads, span = self.k.shape[2], self.k.shape[3]
-        head = torch.arange(heads, device=rows.device)
-        row_head = rows.unsqueeze(-1) * heads + head  # [B, 1, K]
-        return (row_head * span + positions.unsqueeze(-1)).flatten()
-
-    def write(self, layer: int, flat_index: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Store ``k``/``v`` ``[B, T, K, D]`` at ``flat_index`` (see :meth:`flat_index`)."""
-        dim = self.k.shape[-1]
-        self.k[layer].view(-1, dim).index_copy_(0, flat_index, k.reshape(-1, dim))
-        self.v[layer].view(-1, dim).index_copy_(0, flat_index, v.reshape(-1, dim))
+    @staticmethod
+    def bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+        """Bytes one block takes across all layers, keys and values."""
+        per_token = config.num_hidden_layers * config.num_key_value_heads * config.head_dim
+        return 2 * per_token * block_size * torch.empty((), dtype=dtype).element_size()
 
     def nbytes(self) -> int:
         return self.k.numel() * self.k.element_size() * 2
 
-    def copy_row(self, src: int, dst: int, length: int) -> None:
-        """Copy the first ``length`` positions of row ``src`` into row ``dst`` (compaction)."""
-        if src != dst and length > 0:
-            self.k[:, dst, :, :length] = self.k[:, src, :, :length]
-            self.v[:, dst, :, :length] = self.v[:, src, :, :length]
+    def slot_index(self, blocks: Tensor, offsets: Tensor) -> Tensor:
+        """Flat ``(block, head, offset)`` rows ``[N * K]`` for tokens at ``blocks[i]``,
+        ``offsets[i]`` (both ``[N]``), in the order of ``k.reshape(-1, head_dim)`` for
+        keys ``[N, K, D]``.
+        """
+        heads, size = self.k.shape[2], self.k.shape[3]
+        head = torch.arange(heads, device=blocks.device)
+        return ((blocks.unsqueeze(-1) * heads + head) * size + offsets.unsqueeze(-1)).flatten()
 
-    def swap_rows(self, a: int, b: int, len_a: int, len_b: int) -> None:
-        """Exchange the first ``len_a`` positions of row ``a`` with ``len_b`` of row ``b``."""
-        if a == b:
-            return
-        keep_k, keep_v = self.k[:, a, :, :len_a].clone(), self.v[:, a, :, :len_a].clone()
-        self.copy_row(b, a, len_b)
-        self.k[:, b, :, :len_a] = keep_k
-        self.v[:, b, :, :len_a] = keep_v
+    def write(self, layer: int, slots: Tensor, k: Tensor, v: Tensor) -> None:
+        """Store keys and values ``[N, K, D]`` at ``slots`` (see :meth:`slot_index`)."""
+        dim = self.k.shape[-1]
+        self.k[layer].view(-1, dim).index_copy_(0, slots, k.reshape(-1, dim))
+        self.v[layer].view(-1, dim).index_copy_(0, slots, v.reshape(-1, dim))
+
+    def gather(self, layer: int, blocks: Tensor, length: int) -> tuple[Tensor, Tensor]:
+        """The first ``length`` keys and values of a sequence, ``[K, length, D]`` each."""
+        heads, dim = self.k.shape[2], self.k.shape[4]
+
+        def read(pool: Tensor) -> Tensor:
+            picked = pool[layer].index_select(0, blocks)  # [n, K, block, D]
+            return picked.transpose(0, 1).reshape(heads, -1, dim)[:, :length]
+
+        return read(self.k), read(self.v)
+
+    def copy_blocks(self, src: Tensor, dst: Tensor) -> None:
+        """Copy whole blocks ``src[i]`` onto ``dst[i]`` in every layer."""
+        self.k[:, dst] = self.k[:, src]
+        self.v[:, dst] = self.v[:, src]

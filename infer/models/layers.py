@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from infer import kernels
 from infer.models.config import ModelConfig, RopeConfig
-from infer.models.kv_cache import KVCache
+from infer.models.kv_cache import PagedKVCache
 
 
 class RMSNorm(nn.Module):
@@ -81,33 +83,56 @@ class AttnCapture:
     """Ask some layers to hand back their attention probabilities ``[B, H, T, S]`` (float32)."""
 
     layers: frozenset[int]
-    probs: dict[int, Tensor] = field(default_factory=dict)
+    # layer → [B, H, T, S] from a plain forward; from a paged one, each sequence's
+    # [H, S] row for its last token (decode sequences first, then prefill spans).
+    probs: dict[int, Any] = field(default_factory=dict)
 
 
 @dataclass
 class ForwardContext:
-    """Per-forward state built once and read by every layer."""
+    """Per-forward state of a plain forward (no cache): ``[B, T]`` rows, right-padded."""
 
     positions: Tensor  # [B, T], -1 marks padding
-    cache: KVCache | None
-    row_slice: slice | None  # the cache rows as a slice when they are consecutive
-    row_index: Tensor  # [B, 1] cache rows
-    flat_index: Tensor  # [B * T * K] cache slot of each new key (padding → scratch)
-    kv_len: int
     rope: dict[str, tuple[Tensor, Tensor]] = field(default_factory=dict)
-    masks: dict[str, Tensor] = field(default_factory=dict)  # [B, 1, T, S] bool, True = attend
+    masks: dict[str, Tensor] = field(default_factory=dict)  # [B, 1, T, T] bool, True = attend
     capture: AttnCapture | None = None
 
-    def read_kv(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Store this step's k/v ``[B, T, K, D]`` and return what to attend ``[B, K, S, D]``."""
-        if self.cache is None:
-            return k.transpose(1, 2), v.transpose(1, 2)
-        self.cache.write(layer, self.flat_index, k, v)
-        ck, cv = self.cache.k[layer], self.cache.v[layer]  # [R, K, S_max + 1, D]
-        if self.row_slice is not None:  # a view: no copy of the attended cache
-            return ck[self.row_slice, :, : self.kv_len], cv[self.row_slice, :, : self.kv_len]
-        index = self.row_index.squeeze(1)
-        return ck[index, :, : self.kv_len], cv[index, :, : self.kv_len]
+
+@dataclass
+class PrefillSpan:
+    """One sequence's prompt tokens in a packed batch.
+
+    Tokens ``[offset, offset + length)`` of the batch sit at positions ``[start, start +
+    length)``. A span that starts past 0 also attends to the sequence's cached tokens.
+    """
+
+    offset: int
+    length: int
+    start: int
+    masks: dict[str, Tensor] = field(default_factory=dict)  # kind → [T, S]; absent = causal
+
+
+@dataclass
+class PagedContext:
+    """Per-forward state of a packed forward over the paged KV cache.
+
+    The batch is ``N`` tokens in one row: first one decode token of each of ``num_decode``
+    sequences, then the prefill spans. Decode attention reads the pool through block
+    tables; each span attends with SDPA to its own tokens (and its cached prefix).
+    """
+
+    cache: PagedKVCache
+    slots: Tensor  # [N * K] where each new key goes (PagedKVCache.slot_index)
+    num_decode: int
+    block_tables: Tensor  # [num_decode, max_blocks] int32
+    seq_lens: Tensor  # [num_decode] int32: attended length, the new token included
+    spans: list[PrefillSpan]
+    seq_blocks: list[Tensor]  # every sequence's blocks (int64), decode ones first
+    seq_ends: list[int]  # every sequence's attended length
+    last_token: list[int]  # every sequence's last token in the batch
+    windows: dict[str, int] = field(default_factory=dict)  # kind → sliding window (0: none)
+    rope: dict[str, tuple[Tensor, Tensor]] = field(default_factory=dict)
+    capture: AttnCapture | None = None
 
 
 def build_mask(q_pos: Tensor, k_pos: Tensor, k_valid: Tensor | None, window: int | None) -> Tensor:
@@ -160,36 +185,87 @@ class Attention(nn.Module):
         self.qkv_proj = _concat_linear(self.q_proj, self.k_proj, self.v_proj)
         del self.q_proj, self.k_proj, self.v_proj
 
-    def forward(self, x: Tensor, ctx: ForwardContext) -> Tensor:
-        b, t, _ = x.shape
+    def _qkv(self, x: Tensor, rope: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+        """Project and rotate: q ``[..., H, D]``, k and v ``[..., K, D]``."""
         h, kv, d = self.num_heads, self.num_kv_heads, self.head_dim
-        qkv = self.qkv_proj(x).view(b, t, h + 2 * kv, d)
-        cos, sin = ctx.rope[self.layer_type]
+        qkv = self.qkv_proj(x).view(*x.shape[:-1], h + 2 * kv, d)
+        cos, sin = rope
         if self.q_norm is not None and self.k_norm is not None:
-            q = apply_rope(self.q_norm(qkv[:, :, :h]), cos, sin)
-            k = apply_rope(self.k_norm(qkv[:, :, h : h + kv]), cos, sin)
+            q = apply_rope(self.q_norm(qkv[..., :h, :]), cos, sin)
+            k = apply_rope(self.k_norm(qkv[..., h : h + kv, :]), cos, sin)
         else:  # rotate q and k heads together: one set of ops instead of two
-            qk = apply_rope(qkv[:, :, : h + kv], cos, sin)
-            q, k = qk[:, :, :h], qk[:, :, h:]
-        v = qkv[:, :, h + kv :]
-        keys, values = ctx.read_kv(self.layer_idx, k, v)  # [B, K, S, D]
+            qk = apply_rope(qkv[..., : h + kv, :], cos, sin)
+            q, k = qk[..., :h, :], qk[..., h:, :]
+        return q, k, qkv[..., h + kv :, :]
+
+    def forward(self, x: Tensor, ctx: ForwardContext | PagedContext) -> Tensor:
+        if isinstance(ctx, PagedContext):
+            return self._forward_paged(x, ctx)
+        b, t, _ = x.shape
+        q, k, v = self._qkv(x, ctx.rope[self.layer_type])
+        q, keys, values = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         mask = ctx.masks[self.layer_type]
         capture = ctx.capture if ctx.capture and self.layer_idx in ctx.capture.layers else None
         if capture is not None:
-            out = self._attend_eager(q.transpose(1, 2), keys, values, mask, capture)
-        elif t == 1 and kv != h:
-            # Decode: fold each KV head's group of query heads into the query axis
-            # ([B, K, G, D]) so SDPA reads each KV head once; with enable_gqa it is ~5x slower
-            # here. The [B, 1, 1, S] mask broadcasts over the group.
-            folded = q.reshape(b, kv, h // kv, d)
-            out = F.scaled_dot_product_attention(
-                folded, keys, values, attn_mask=mask, scale=self.scale
-            ).view(b, 1, h, d)
+            out = self._attend_eager(q, keys, values, mask, capture)
         else:
             out = F.scaled_dot_product_attention(
-                q.transpose(1, 2), keys, values, attn_mask=mask, scale=self.scale, enable_gqa=True
+                q, keys, values, attn_mask=mask, scale=self.scale, enable_gqa=True
             ).transpose(1, 2)  # [B, T, H, D]
         return self.o_proj(out.reshape(b, t, -1))
+
+    def _forward_paged(self, x: Tensor, ctx: PagedContext) -> Tensor:
+        """``x`` is ``[N, hidden]``: decode tokens first, then prefill spans."""
+        n, layer, window = x.shape[0], self.layer_idx, ctx.windows.get(self.layer_type, 0)
+        q, k, v = self._qkv(x, ctx.rope[self.layer_type])  # [N, H or K, D]
+        ctx.cache.write(layer, ctx.slots, k, v)
+        nd = ctx.num_decode
+        decode = None
+        if nd:
+            decode = kernels.ops().paged_decode_attention(
+                q[:nd], ctx.cache.k[layer], ctx.cache.v[layer], ctx.block_tables, ctx.seq_lens,
+                self.scale, window)  # [nd, H, D]
+        if not ctx.spans and decode is not None:
+            out = decode
+        else:
+            out = q.new_empty(n, self.num_heads, self.head_dim)
+            if decode is not None:
+                out[:nd] = decode
+            for span in ctx.spans:
+                rows = slice(span.offset, span.offset + span.length)
+                out[rows] = self._attend_span(q[rows], k[rows], v[rows], span, ctx)
+        if ctx.capture is not None and layer in ctx.capture.layers:
+            ctx.capture.probs[layer] = self._last_rows(q, ctx, window)
+        return self.o_proj(out.view(n, -1))
+
+    def _attend_span(self, q: Tensor, k: Tensor, v: Tensor, span: PrefillSpan,
+                     ctx: PagedContext) -> Tensor:
+        """SDPA of one span's queries ``[T, H, D]`` over its sequence so far."""
+        if span.start == 0:
+            keys, values = k.transpose(0, 1), v.transpose(0, 1)  # [K, T, D]
+        else:
+            seq = ctx.num_decode + ctx.spans.index(span)
+            keys, values = ctx.cache.gather(self.layer_idx, ctx.seq_blocks[seq],
+                                            span.start + span.length)
+        mask = span.masks.get(self.layer_type)
+        out = F.scaled_dot_product_attention(
+            q.transpose(0, 1).unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0),
+            attn_mask=mask, is_causal=mask is None, scale=self.scale, enable_gqa=True,
+        )  # [1, H, T, D]
+        return out[0].transpose(0, 1)
+
+    def _last_rows(self, q: Tensor, ctx: PagedContext, window: int) -> list[Tensor]:
+        """Each sequence's attention probabilities ``[H, S]`` for its last token (traces)."""
+        rows = []
+        groups = self.num_heads // self.num_kv_heads
+        for blocks, end, last in zip(ctx.seq_blocks, ctx.seq_ends, ctx.last_token, strict=True):
+            keys, _ = ctx.cache.gather(self.layer_idx, blocks, end)  # [K, S, D]
+            keys = keys.repeat_interleave(groups, dim=0)  # [H, S, D]
+            scores = torch.einsum("hd,hsd->hs", q[last].float(), keys.float()) * self.scale
+            if window:
+                scores[:, : max(0, end - window)] = float("-inf")
+            rows.append(torch.softmax(scores, dim=-1))
+        return rows
 
     def _attend_eager(
         self, q: Tensor, keys: Tensor, values: Tensor, mask: Tensor, capture: AttnCapture
@@ -297,6 +373,6 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = GatedMLP(config)
 
-    def forward(self, x: Tensor, ctx: ForwardContext) -> Tensor:
+    def forward(self, x: Tensor, ctx: ForwardContext | PagedContext) -> Tensor:
         x = x + self.self_attn(self.input_layernorm(x), ctx)
         return x + self.mlp(self.post_attention_layernorm(x))

@@ -209,3 +209,7 @@ class GatedModel(nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         self.gate.wait_turn()
         return self.inner(*args, **kwargs)
+
+    def forward_paged(self, *args: Any, **kwargs: Any) -> Any:
+        self.gate.wait_turn()
+        return self.inner.forward_paged(*args, **kwargs)

@@ -142,7 +142,7 @@ def test_abort_one_request_others_unaffected_and_slot_reused(
     assert sum(o.finished for o in outs[a.request_id]) == 1
     assert _tokens(outs[b.request_id]) == expected[1]
     assert _tokens(outs[c.request_id]) == expected[2]  # c took a's slot
-    assert engine.runner.num_rows_used == 0
+    assert engine.blocks.num_used == 0
 
 
 def test_failed_forward_fails_its_requests_and_engine_recovers(
@@ -155,13 +155,13 @@ def test_failed_forward_fails_its_requests_and_engine_recovers(
     def boom(*args, **kwargs):
         raise torch.OutOfMemoryError("simulated allocation failure")
 
-    monkeypatch.setattr(tiny_model, "forward", boom)
+    monkeypatch.setattr(tiny_model, "forward_paged", boom)
     outs = engine.step()
     assert {o.request_id for o in outs} == {r.request_id for r in reqs}
     assert all(o.finished and o.finish_reason == "error" for o in outs)
     assert all(o.error_code == "OUT_OF_MEMORY" and "simulated" in o.error for o in outs)
     monkeypatch.undo()
-    assert not engine.has_work() and engine.runner.num_rows_used == 0
+    assert not engine.has_work() and engine.blocks.num_used == 0
     req = engine.add_request(PROMPTS[0], GREEDY)
     assert _tokens(_run(engine)[req.request_id]) == _alone(
         tiny_model, default_tokenizer, PROMPTS[0], GREEDY
@@ -193,7 +193,7 @@ def test_no_leaks_after_200_requests(tiny_model, default_tokenizer) -> None:
     outs = _run(engine)
     assert len(outs) == 200
     assert all(sum(o.finished for o in v) == 1 for v in outs.values())
-    assert engine.runner.num_rows_used == 0 and not engine.runner._rows
+    assert engine.blocks.num_used == 0 and not engine.blocks.tables
     assert not engine.scheduler.running and not engine.scheduler.waiting
     del outs
     gc.collect()

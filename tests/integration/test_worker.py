@@ -58,7 +58,7 @@ async def test_abort_frees_the_slot(tiny_model, default_tokenizer) -> None:
         with trio.fail_after(30):
             while worker.waiting or worker.engine.has_work():
                 await trio.sleep(0.01)
-        assert worker.engine.runner.num_rows_used == 0
+        assert worker.engine.blocks.num_used == 0
         nursery.cancel_scope.cancel()
 
 

@@ -278,7 +278,7 @@ async def _status_is(client: httpx.AsyncClient, status: str) -> bool:
 class FailingModel(GatedModel):
     """A model whose forward raises, as a broken kernel would."""
 
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
+    def forward_paged(self, *args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("secret detail from /opt/private/weights.bin")
 
 

@@ -10,9 +10,14 @@ import torch
 import transformers
 from safetensors import safe_open
 
+from infer.engine.block_manager import BlockManager
+from infer.engine.config import EngineConfig
+from infer.engine.request import Request
+from infer.engine.runner import ModelRunner
+from infer.engine.sampler import SamplingParams
+from infer.engine.scheduler import PrefillChunk, SchedulerOutput
 from infer.models.base import CausalLM
 from infer.models.config import ModelConfig
-from infer.models.kv_cache import KVCache
 from infer.models.layers import AttnCapture
 from infer.models.registry import create_model
 
@@ -90,17 +95,35 @@ def test_logits_match_transformers(pair) -> None:
     torch.testing.assert_close(got, expected, **TOL)
 
 
+def _runner(model: CausalLM, block_size: int = 4) -> tuple[ModelRunner, BlockManager]:
+    blocks = BlockManager(24, block_size, prefix_caching=False)
+    blocks.ensure("someone-else", 3 * block_size)  # so that tables are not 0, 1, 2...
+    return ModelRunner(model, EngineConfig(max_seq_len=32, max_batch_size=2), blocks), blocks
+
+
+def _request(name: str, ids: torch.Tensor, blocks: BlockManager) -> Request:
+    req = Request(name, ids[0].tolist(), SamplingParams())
+    req.prefill_len = req.prompt_len
+    blocks.ensure(name, 32)
+    return req
+
+
 @torch.inference_mode()
-def test_cached_decode_equals_uncached_forward(pair) -> None:
+def test_chunked_prefill_and_decode_over_paged_cache_equal_uncached_forward(pair) -> None:
     _, ours = pair
     ids = _ids(14)
     full = ours(ids, torch.arange(14)[None]).logits[0]
-    cache = KVCache(ours.config, max_batch_size=2, max_seq_len=32, dtype=torch.float32)
-    out = ours(ids[:, :5], torch.arange(5)[None], cache, rows=[1]).logits[0]
-    torch.testing.assert_close(out, full[:5], **TOL)
-    for pos in range(5, 14):
-        step = ours(ids[:, pos : pos + 1], torch.tensor([[pos]]), cache, rows=[1])
-        torch.testing.assert_close(step.logits[0, 0], full[pos], **TOL)
+    runner, blocks = _runner(ours)
+    req = _request("a", ids[:, :9], blocks)
+    runner.run(SchedulerOutput(prefill=[PrefillChunk(req, 0, 5)]))  # no logits: not done
+    out = runner.run(SchedulerOutput(prefill=[PrefillChunk(req, 5, 4)]))  # reads blocks
+    assert out.logits is not None
+    torch.testing.assert_close(out.logits[0], full[8], **TOL)
+    for pos in range(9, 14):
+        req.output_ids.append(int(ids[0, pos]))
+        step = runner.run(SchedulerOutput(decode=[req]))
+        assert step.logits is not None
+        torch.testing.assert_close(step.logits[0], full[pos], **TOL)
 
 
 @torch.inference_mode()
@@ -111,29 +134,31 @@ def test_right_padded_batch_equals_each_alone(pair) -> None:
     alone_b = ours(b[None], torch.arange(9)[None]).logits[0]
     ids = torch.stack([torch.cat([a, torch.zeros(4, dtype=torch.long)]), b])
     pos = torch.tensor([list(range(5)) + [-1] * 4, list(range(9))])
-    for cache in (None, KVCache(ours.config, 2, 16, torch.float32)):
-        got = ours(ids, pos, cache).logits
-        torch.testing.assert_close(got[0, :5], alone_a, **TOL)
-        torch.testing.assert_close(got[1], alone_b, **TOL)
+    got = ours(ids, pos).logits
+    torch.testing.assert_close(got[0, :5], alone_a, **TOL)
+    torch.testing.assert_close(got[1], alone_b, **TOL)
     last = ours(ids, pos, logits_index=torch.tensor([4, 8])).logits  # [B, V]
     torch.testing.assert_close(last, torch.stack([alone_a[4], alone_b[8]]), **TOL)
 
 
 @torch.inference_mode()
-def test_rows_at_different_positions_in_one_batch(pair) -> None:
+def test_sequences_at_different_positions_share_one_packed_forward(pair) -> None:
     _, ours = pair
     a, b = _ids(11, seed=4), _ids(6, seed=5)
     full_a = ours(a, torch.arange(11)[None]).logits[0]
     full_b = ours(b, torch.arange(6)[None]).logits[0]
-    cache = KVCache(ours.config, 3, 16, torch.float32)
-    # Rows 2 and 0 of the cache: prefill each to a different length, then decode together.
-    ours(a[:, :10], torch.arange(10)[None], cache, rows=[2])
-    ours(b[:, :5], torch.arange(5)[None], cache, rows=[0])
-    step = ours(
-        torch.tensor([[a[0, 10]], [b[0, 5]]]), torch.tensor([[10], [5]]), cache, rows=[2, 0]
-    ).logits
-    torch.testing.assert_close(step[0, 0], full_a[10], **TOL)
-    torch.testing.assert_close(step[1, 0], full_b[5], **TOL)
+    runner, blocks = _runner(ours)
+    ra, rb = _request("a", a[:, :10], blocks), _request("b", b[:, :5], blocks)
+    both = runner.run(SchedulerOutput(prefill=[PrefillChunk(ra, 0, 10), PrefillChunk(rb, 0, 5)]))
+    assert both.logits is not None and both.requests == [ra, rb]
+    torch.testing.assert_close(both.logits[0], full_a[9], **TOL)
+    torch.testing.assert_close(both.logits[1], full_b[4], **TOL)
+    ra.output_ids.append(int(a[0, 10]))
+    rb.output_ids.append(int(b[0, 5]))
+    step = runner.run(SchedulerOutput(decode=[ra, rb])).logits  # kernel: two lengths
+    assert step is not None
+    torch.testing.assert_close(step[0], full_a[10], **TOL)
+    torch.testing.assert_close(step[1], full_b[5], **TOL)
 
 
 @torch.inference_mode()

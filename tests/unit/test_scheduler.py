@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from infer.engine.block_manager import BlockManager
 from infer.engine.config import EngineConfig
 from infer.engine.request import FinishReason, Request, RequestStatus
 from infer.engine.sampler import SamplingParams
@@ -125,16 +126,74 @@ def test_long_prompt_is_chunked_and_decode_keeps_flowing() -> None:
     assert starts == [0, 16, 32]
 
 
-def test_prefill_batch_respects_padded_budget() -> None:
+def test_prefill_packs_prompts_into_the_token_budget() -> None:
     s = ContinuousScheduler(EngineConfig(max_batch_size=8, prefill_token_budget=32))
     reqs = [_req(str(i), n) for i, n in enumerate([8, 5, 8, 30, 2])]
     for r in reqs:
         s.add_request(r)
     plan = s.schedule()
-    # The first prompt sets the width (8); four rows of 8 fit the budget of 32.
+    # No padding: 8 + 5 + 8 + the first 11 of 30 fill the 32 tokens; "4" waits its turn.
     assert [(c.request.request_id, c.length) for c in plan.prefill] == [
-        ("0", 8), ("1", 5), ("2", 8), ("3", 8)
+        ("0", 8), ("1", 5), ("2", 8), ("3", 11)
     ]
+    _prefill_all(plan)
+    plan = s.schedule()
+    assert [(c.request.request_id, c.start, c.length) for c in plan.prefill] == [
+        ("3", 11, 19), ("4", 0, 2)
+    ]
+
+
+def _blocks(n: int, prefix_caching: bool = False) -> BlockManager:
+    return BlockManager(n, 4, prefix_caching)
+
+
+def test_a_request_waits_until_blocks_are_free() -> None:
+    blocks = _blocks(4)  # 16 tokens
+    s = ContinuousScheduler(EngineConfig(max_batch_size=4, max_seq_len=16), blocks)
+    a, b = _req("a", 12), _req("b", 8)
+    s.add_request(a)
+    s.add_request(b)
+    plan = s.schedule()
+    assert [c.request for c in plan.prefill] == [a] and list(s.waiting) == [b]
+    _prefill_all(plan)
+    _retire(s, a)
+    assert blocks.num_used == 0
+    assert [c.request for c in s.schedule().prefill] == [b]
+
+
+def test_decode_without_a_free_block_preempts_the_newest_request() -> None:
+    blocks = _blocks(4)
+    s = ContinuousScheduler(EngineConfig(max_batch_size=4, max_seq_len=16), blocks)
+    a, b = _req("a", 8), _req("b", 8)  # two blocks each: the pool is full
+    for r in (a, b):
+        s.add_request(r)
+    _prefill_all(s.schedule())
+    for r in (a, b):
+        r.output_ids.append(1)
+    plan = s.schedule()  # both need a third block for position 8; only a can have it
+    assert plan.decode == [a] and s.running == [a] and list(s.waiting) == [b]
+    assert b.status == RequestStatus.WAITING and b.num_cached == 0 and s.preemptions == 1
+    _retire(s, a)
+    plan = s.schedule()  # b recomputes its prompt and the token it had generated
+    assert [(c.request, c.start, c.length) for c in plan.prefill] == [(b, 0, 9)]
+
+
+def test_prefix_cache_hands_full_blocks_to_a_later_prompt() -> None:
+    blocks = _blocks(16, prefix_caching=True)
+    s = ContinuousScheduler(EngineConfig(max_batch_size=4, max_seq_len=64), blocks)
+    first = _req("first", 10)  # two full blocks of 4, then 2 tokens
+    s.add_request(first)
+    plan = s.schedule()
+    for c in plan.prefill:  # as the runner does after its forward
+        c.request.num_cached += c.length
+        blocks.commit(c.request.request_id, c.request.token_ids, c.request.num_cached)
+    shared = blocks.table("first")[:2]
+    _retire(s, first)
+    again = Request("again", list(range(1, 9)) + [77, 78, 79], SamplingParams())
+    s.add_request(again)
+    plan = s.schedule()
+    assert [(c.start, c.length) for c in plan.prefill] == [(8, 3)]
+    assert blocks.table("again")[:2] == shared and blocks.hits == 2
 
 
 def test_has_work() -> None:
