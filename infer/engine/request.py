@@ -44,9 +44,9 @@ class TraceSpec:
     layer: int | None = None
 
 
-@dataclass
+@dataclass(eq=False)
 class Request:
-    """One generation request, owned by the engine thread."""
+    """One generation request, owned by the engine thread (compared by identity)."""
 
     request_id: str
     prompt_ids: list[int]
