@@ -1,34 +1,36 @@
 // Paged attention for decode on CPU: one query token per sequence, keys and values read
 // straight from the block pool through each sequence's block table.
 //
-// SDPA over a padded, gathered cache spends most of its time on per-(batch, head) setup at
-// these sizes (3 query heads per KV head, a few hundred positions); this reads each KV head
-// of each sequence once, for its own length only, with every query head of its group.
+// Layouts (per layer): keys [blocks, kv_heads, head_dim, block_size] -- transposed inside a
+// block, so that the scores of a whole block come from broadcast FMAs across its positions
+// with no horizontal sums -- and values [blocks, kv_heads, block_size, head_dim]. Each
+// (sequence, KV head) reads its own blocks once, for its own length, for every query head of
+// its group. SDPA over a padded, gathered cache spent most of its time on per-(batch, head)
+// setup at these sizes (3 query heads per KV head, a few hundred positions).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <cmath>
 #include <limits>
 #include <vector>
 
 namespace {
 
 template <typename T>
-inline void load_row(const T* src, float* dst, int64_t d) {
-#pragma omp simd
-  for (int64_t i = 0; i < d; ++i) dst[i] = static_cast<float>(src[i]);
+inline float to_float(T x) {
+  return static_cast<float>(x);
 }
 
 // bf16 is the top half of a float: widen with a shift the compiler vectorizes.
 template <>
-inline void load_row<c10::BFloat16>(const c10::BFloat16* src, float* dst, int64_t d) {
-  const uint16_t* bits = reinterpret_cast<const uint16_t*>(src);
-  uint32_t* out = reinterpret_cast<uint32_t*>(dst);
-#pragma omp simd
-  for (int64_t i = 0; i < d; ++i) out[i] = static_cast<uint32_t>(bits[i]) << 16;
+inline float to_float<c10::BFloat16>(c10::BFloat16 x) {
+  const uint32_t bits = static_cast<uint32_t>(x.x) << 16;
+  float out;
+  std::memcpy(&out, &bits, sizeof(out));
+  return out;
 }
 
 // exp for softmax inputs (<= 0): 2^x split into integer and fraction parts, the fraction by
@@ -48,103 +50,120 @@ inline float exp_nonpositive(float x) {
   return p * scale;
 }
 
-template <typename T>
-void decode_kernel(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                   const at::Tensor& block_tables, const at::Tensor& seq_lens, double scale,
-                   int64_t window, at::Tensor& out) {
-  const int64_t n_seqs = q.size(0), n_heads = q.size(1), dim = q.size(2);
-  const int64_t n_kv = k_cache.size(1), block = k_cache.size(2);
-  const int64_t groups = n_heads / n_kv;
-  const int64_t max_blocks = block_tables.size(1);
-  const T* qp = q.data_ptr<T>();
-  const T* kp = k_cache.data_ptr<T>();
-  const T* vp = v_cache.data_ptr<T>();
-  const int32_t* tables = block_tables.data_ptr<int32_t>();
-  const int32_t* lens = seq_lens.data_ptr<int32_t>();
-  T* op = out.data_ptr<T>();
-  const int64_t q_stride = q.stride(0), o_stride = out.stride(0);
-  const int64_t block_stride = n_kv * block * dim;
+struct Shape {
+  int64_t n_seqs, n_heads, n_kv, groups, dim, block, max_blocks, q_stride, window;
+  float scale;
+};
 
-  at::parallel_for(0, n_seqs * n_kv, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> qf(groups * dim), acc(groups * dim), row(dim), scores;
-    for (int64_t item = begin; item < end; ++item) {
-      const int64_t s = item / n_kv, h = item % n_kv;
-      // With a sliding window the query sees only the last `window` positions: [first, end).
-      const int64_t end = lens[s];
-      const int64_t first = window > 0 ? std::max<int64_t>(0, end - window) : 0;
-      const int64_t len = end - first;
-      if (len <= 0) continue;
-      scores.resize(groups * len);
-      for (int64_t g = 0; g < groups; ++g) {
-        load_row(qp + s * q_stride + (h * groups + g) * dim, qf.data() + g * dim, dim);
-        for (int64_t i = 0; i < dim; ++i) qf[g * dim + i] *= static_cast<float>(scale);
-      }
-      const int32_t* table = tables + s * max_blocks;
-      // Scores: every query head of the group against each key, one pass over the keys.
-      for (int64_t pos = first; pos < end;) {
-        const int64_t offset = pos % block, n = std::min(block - offset, end - pos);
-        const T* keys = kp + table[pos / block] * block_stride + (h * block + offset) * dim;
-        for (int64_t j = 0; j < n; ++j) {
-          load_row(keys + j * dim, row.data(), dim);
-          const float* r = row.data();
-          for (int64_t g = 0; g < groups; ++g) {
-            const float* qg = qf.data() + g * dim;
-            float dot = 0.f;
-#pragma omp simd reduction(+ : dot)
-            for (int64_t i = 0; i < dim; ++i) dot += qg[i] * r[i];
-            scores[g * len + pos - first + j] = dot;
-          }
-        }
-        pos += n;
-      }
-      std::vector<float> inv_sum(groups);
-      for (int64_t g = 0; g < groups; ++g) {
-        float* sg = scores.data() + g * len;
-        float mx = -std::numeric_limits<float>::infinity();
-#pragma omp simd reduction(max : mx)
-        for (int64_t t = 0; t < len; ++t) mx = std::max(mx, sg[t]);
-        float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t t = 0; t < len; ++t) {
-          sg[t] = exp_nonpositive(sg[t] - mx);
-          sum += sg[t];
-        }
-        inv_sum[g] = 1.f / sum;
-      }
-      std::fill(acc.begin(), acc.end(), 0.f);
-      for (int64_t pos = first; pos < end;) {
-        const int64_t offset = pos % block, n = std::min(block - offset, end - pos);
-        const T* values = vp + table[pos / block] * block_stride + (h * block + offset) * dim;
-        for (int64_t j = 0; j < n; ++j) {
-          load_row(values + j * dim, row.data(), dim);
-          const float* r = row.data();
-          for (int64_t g = 0; g < groups; ++g) {
-            const float w = scores[g * len + pos - first + j];
-            float* ag = acc.data() + g * dim;
+// One (sequence, KV head): kD and kBlock are compile-time sizes (0: take them from `s`), so
+// that the common shapes get fully unrolled, register-resident inner loops.
+template <typename T, int64_t kD, int64_t kBlock>
+void attend_one(const Shape& s, int64_t seq, int64_t h, const T* q, const T* k_cache,
+                const T* v_cache, const int32_t* table, int64_t end, T* out,
+                std::vector<float>& scores, std::vector<float>& qf) {
+  const int64_t dim = kD ? kD : s.dim, block = kBlock ? kBlock : s.block;
+  const int64_t groups = s.groups;
+  const int64_t first = s.window > 0 ? std::max<int64_t>(0, end - s.window) : 0;
+  const int64_t len = end - first;
+  if (len <= 0) return;
+  TORCH_CHECK(block <= 256 && dim <= 512, "block_size <= 256 and head_dim <= 512 supported");
+  scores.resize(groups * len);
+  for (int64_t g = 0; g < groups; ++g) {
+    const T* src = q + seq * s.q_stride + (h * groups + g) * dim;
+    for (int64_t i = 0; i < dim; ++i) qf[g * dim + i] = to_float(src[i]) * s.scale;
+  }
+  const int64_t block_elems = s.n_kv * dim * block;
+  // Scores, a block at a time: score[j] = sum_i q[g][i] * key_j[i], as FMAs across the
+  // block's positions (the keys are stored [D, block]); the block stays in L1 across g.
+  for (int64_t pos = first; pos < end;) {
+    const int64_t offset = pos % block, n = std::min(block - offset, end - pos);
+    const T* keys = k_cache + table[pos / block] * block_elems + h * dim * block;  // [D, B]
+    for (int64_t g = 0; g < groups; ++g) {
+      const float* qg = qf.data() + g * dim;
+      float part[kBlock ? kBlock : 256] = {};
+      for (int64_t i = 0; i < dim; ++i) {
+        const T* row = keys + i * block;
+        const float qi = qg[i];
 #pragma omp simd
-            for (int64_t i = 0; i < dim; ++i) ag[i] += w * r[i];
-          }
-        }
-        pos += n;
+        for (int64_t j = 0; j < block; ++j) part[j] += qi * to_float(row[j]);
       }
-      for (int64_t g = 0; g < groups; ++g) {
-        T* dst = op + s * o_stride + (h * groups + g) * dim;
-        for (int64_t i = 0; i < dim; ++i) dst[i] = static_cast<T>(acc[g * dim + i] * inv_sum[g]);
+      float* dst = scores.data() + g * len + pos - first;
+      for (int64_t j = 0; j < n; ++j) dst[j] = part[offset + j];
+    }
+    pos += n;
+  }
+  std::vector<float> inv_sum(groups);
+  for (int64_t g = 0; g < groups; ++g) {
+    float* sg = scores.data() + g * len;
+    float mx = -std::numeric_limits<float>::infinity();
+#pragma omp simd reduction(max : mx)
+    for (int64_t t = 0; t < len; ++t) mx = std::max(mx, sg[t]);
+    float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t t = 0; t < len; ++t) {
+      sg[t] = exp_nonpositive(sg[t] - mx);
+      sum += sg[t];
+    }
+    inv_sum[g] = 1.f / sum;
+  }
+  // Output: out[g] = sum_t p[g][t] * value_t, one query head at a time so that its
+  // accumulator stays in registers; the sequence's values stay in L1/L2 across g.
+  for (int64_t g = 0; g < groups; ++g) {
+    float a[kD ? kD : 512] = {};
+    const float* pg = scores.data() + g * len - first;
+    for (int64_t pos = first; pos < end;) {
+      const int64_t offset = pos % block, n = std::min(block - offset, end - pos);
+      const T* values = v_cache + table[pos / block] * block_elems + (h * block + offset) * dim;
+      for (int64_t j = 0; j < n; ++j) {
+        const T* row = values + j * dim;
+        const float w = pg[pos + j];
+#pragma omp simd
+        for (int64_t i = 0; i < dim; ++i) a[i] += w * to_float(row[i]);
       }
+      pos += n;
+    }
+    T* dst = out + seq * s.n_heads * dim + (h * groups + g) * dim;
+    for (int64_t i = 0; i < dim; ++i) dst[i] = static_cast<T>(a[i] * inv_sum[g]);
+  }
+}
+
+template <typename T, int64_t kD, int64_t kBlock>
+void decode_all(const Shape& s, const T* q, const T* k_cache, const T* v_cache,
+                const int32_t* tables, const int32_t* lens, T* out) {
+  at::parallel_for(0, s.n_seqs * s.n_kv, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores, qf(s.groups * s.dim);
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t seq = item / s.n_kv, h = item % s.n_kv;
+      attend_one<T, kD, kBlock>(s, seq, h, q, k_cache, v_cache, tables + seq * s.max_blocks,
+                                lens[seq], out, scores, qf);
     }
   });
+}
+
+template <typename T>
+void dispatch(const Shape& s, const T* q, const T* k, const T* v, const int32_t* tables,
+              const int32_t* lens, T* out) {
+  if (s.block == 16 && s.dim == 64) return decode_all<T, 64, 16>(s, q, k, v, tables, lens, out);
+  if (s.block == 16 && s.dim == 128) return decode_all<T, 128, 16>(s, q, k, v, tables, lens, out);
+  if (s.block == 16 && s.dim == 256) return decode_all<T, 256, 16>(s, q, k, v, tables, lens, out);
+  decode_all<T, 0, 0>(s, q, k, v, tables, lens, out);
 }
 
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache,
                                   const at::Tensor& v_cache, const at::Tensor& block_tables,
                                   const at::Tensor& seq_lens, double scale, int64_t window) {
   TORCH_CHECK(q.dim() == 3, "q must be [N, H, D]");
-  TORCH_CHECK(k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes(),
-              "k_cache and v_cache must be [blocks, kv_heads, block_size, D]");
+  TORCH_CHECK(k_cache.dim() == 4 && v_cache.dim() == 4, "caches must be 4-D");
+  TORCH_CHECK(k_cache.size(0) == v_cache.size(0) && k_cache.size(1) == v_cache.size(1) &&
+                  k_cache.size(2) == v_cache.size(3) && k_cache.size(3) == v_cache.size(2),
+              "k_cache must be [blocks, kv_heads, D, block] and v_cache [blocks, kv_heads, "
+              "block, D]");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "caches must be contiguous");
   TORCH_CHECK(q.stride(2) == 1 && q.stride(1) == q.size(2), "q rows must be contiguous");
-  TORCH_CHECK(q.scalar_type() == k_cache.scalar_type(), "q and cache dtypes differ");
-  TORCH_CHECK(q.size(2) == k_cache.size(3), "head dims differ");
+  TORCH_CHECK(q.scalar_type() == k_cache.scalar_type() &&
+                  q.scalar_type() == v_cache.scalar_type(),
+              "q and cache dtypes differ");
+  TORCH_CHECK(q.size(2) == v_cache.size(3), "head dims differ");
   TORCH_CHECK(q.size(1) % k_cache.size(1) == 0, "query heads must be a multiple of kv heads");
   TORCH_CHECK(block_tables.scalar_type() == at::kInt && seq_lens.scalar_type() == at::kInt,
               "block_tables and seq_lens must be int32");
@@ -153,9 +172,14 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
               "block_tables must be a contiguous [N, max_blocks]");
   TORCH_CHECK(seq_lens.dim() == 1 && seq_lens.size(0) == q.size(0) && seq_lens.is_contiguous(),
               "seq_lens must be a contiguous [N]");
-  auto out = at::empty_like(q, at::MemoryFormat::Contiguous);
+  auto out = at::empty({q.size(0), q.size(1), q.size(2)}, q.options());
+  Shape s{q.size(0), q.size(1), k_cache.size(1), q.size(1) / k_cache.size(1), q.size(2),
+          v_cache.size(2), block_tables.size(1), q.stride(0), window,
+          static_cast<float>(scale)};
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_decode", [&] {
-    decode_kernel<scalar_t>(q, k_cache, v_cache, block_tables, seq_lens, scale, window, out);
+    dispatch<scalar_t>(s, q.data_ptr<scalar_t>(), k_cache.data_ptr<scalar_t>(),
+                       v_cache.data_ptr<scalar_t>(), block_tables.data_ptr<int32_t>(),
+                       seq_lens.data_ptr<int32_t>(), out.data_ptr<scalar_t>());
   });
   return out;
 }

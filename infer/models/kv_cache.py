@@ -17,11 +17,12 @@ from infer.models.config import ModelConfig
 class PagedKVCache:
     """Key/value blocks of every layer.
 
-    ``k`` and ``v`` are ``[layers, num_blocks, kv_heads, block_size, head_dim]``: within a
-    block, each head's positions are contiguous, which is what attention reads. A key at
-    position ``p`` of a sequence lives in block ``table[p // block_size]`` at offset
-    ``p % block_size``. New keys go in with one ``index_copy_`` over the flat
-    ``(block, head, offset)`` row index (see :meth:`slot_index`).
+    ``v`` is ``[layers, num_blocks, kv_heads, block_size, head_dim]`` and ``k`` the same
+    with the last two axes swapped (``head_dim, block_size``): the decode kernel scores a
+    whole block of keys with FMAs across its positions. A token at position ``p`` of a
+    sequence lives in block ``table[p // block_size]`` at offset ``p % block_size``. New
+    values go in with one ``index_copy_`` over flat ``(block, head, offset)`` rows, new keys
+    with one over flat elements (see :meth:`slot_index`).
     """
 
     def __init__(
@@ -41,8 +42,8 @@ class PagedKVCache:
             block_size,
             config.head_dim,
         )
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.k = torch.zeros(shape[:3] + (shape[4], shape[3]), dtype=dtype, device=device)
         self.num_blocks = num_blocks
         self.block_size = block_size
 
@@ -55,32 +56,32 @@ class PagedKVCache:
     def nbytes(self) -> int:
         return self.k.numel() * self.k.element_size() * 2
 
-    def slot_index(self, blocks: Tensor, offsets: Tensor) -> Tensor:
-        """Flat ``(block, head, offset)`` rows ``[N * K]`` for tokens at ``blocks[i]``,
-        ``offsets[i]`` (both ``[N]``), in the order of ``k.reshape(-1, head_dim)`` for
-        keys ``[N, K, D]``.
-        """
-        heads, size = self.k.shape[2], self.k.shape[3]
-        head = torch.arange(heads, device=blocks.device)
-        return ((blocks.unsqueeze(-1) * heads + head) * size + offsets.unsqueeze(-1)).flatten()
+    def slot_index(self, blocks: Tensor, offsets: Tensor) -> tuple[Tensor, Tensor]:
+        """Where tokens at ``blocks[i]``, ``offsets[i]`` (both ``[N]``) go.
 
-    def write(self, layer: int, slots: Tensor, k: Tensor, v: Tensor) -> None:
+        Returns:
+            ``(value_rows [N * K], key_elements [N * K * D])``: flat rows of
+            ``v[layer].view(-1, D)`` and flat elements of ``k[layer].view(-1)``, in the
+            order of ``v.reshape(-1, D)`` and ``k.reshape(-1)`` for ``[N, K, D]`` tensors.
+        """
+        heads, size, dim = self.v.shape[2], self.v.shape[3], self.v.shape[4]
+        head = torch.arange(heads, device=blocks.device)
+        block_head = blocks.unsqueeze(-1) * heads + head  # [N, K]
+        rows = (block_head * size + offsets.unsqueeze(-1)).flatten()
+        d = torch.arange(dim, device=blocks.device)
+        elems = (block_head.unsqueeze(-1) * dim + d) * size + offsets[:, None, None]  # [N, K, D]
+        return rows, elems.flatten()
+
+    def write(self, layer: int, slots: tuple[Tensor, Tensor], k: Tensor, v: Tensor) -> None:
         """Store keys and values ``[N, K, D]`` at ``slots`` (see :meth:`slot_index`)."""
-        dim = self.k.shape[-1]
-        self.k[layer].view(-1, dim).index_copy_(0, slots, k.reshape(-1, dim))
-        self.v[layer].view(-1, dim).index_copy_(0, slots, v.reshape(-1, dim))
+        rows, elems = slots
+        self.v[layer].view(-1, v.shape[-1]).index_copy_(0, rows, v.reshape(-1, v.shape[-1]))
+        self.k[layer].view(-1).index_copy_(0, elems, k.reshape(-1))
 
     def gather(self, layer: int, blocks: Tensor, length: int) -> tuple[Tensor, Tensor]:
         """The first ``length`` keys and values of a sequence, ``[K, length, D]`` each."""
-        heads, dim = self.k.shape[2], self.k.shape[4]
-
-        def read(pool: Tensor) -> Tensor:
-            picked = pool[layer].index_select(0, blocks)  # [n, K, block, D]
-            return picked.transpose(0, 1).reshape(heads, -1, dim)[:, :length]
-
-        return read(self.k), read(self.v)
-
-    def copy_blocks(self, src: Tensor, dst: Tensor) -> None:
-        """Copy whole blocks ``src[i]`` onto ``dst[i]`` in every layer."""
-        self.k[:, dst] = self.k[:, src]
-        self.v[:, dst] = self.v[:, src]
+        heads, dim = self.v.shape[2], self.v.shape[4]
+        keys = self.k[layer].index_select(0, blocks).permute(1, 0, 3, 2)  # [K, n, block, D]
+        values = self.v[layer].index_select(0, blocks).transpose(0, 1)  # [K, n, block, D]
+        return (keys.reshape(heads, -1, dim)[:, :length],
+                values.reshape(heads, -1, dim)[:, :length])

@@ -122,7 +122,7 @@ class PagedContext:
     """
 
     cache: PagedKVCache
-    slots: Tensor  # [N * K] where each new key goes (PagedKVCache.slot_index)
+    slots: tuple[Tensor, Tensor]  # where each new value and key goes (slot_index)
     num_decode: int
     block_tables: Tensor  # [num_decode, max_blocks] int32
     seq_lens: Tensor  # [num_decode] int32: attended length, the new token included
