@@ -111,7 +111,8 @@ def _generate(args: argparse.Namespace) -> int:
 
 # `infer serve` flags that map one to one onto EngineConfig / ServerConfig fields.
 _ENGINE_FLAGS = ("model", "dtype", "device", "batching_mode", "max_batch_size", "max_seq_len",
-                 "max_waiting_requests", "prefill_token_budget", "seed", "num_threads")
+                 "max_waiting_requests", "prefill_token_budget", "seed", "num_threads",
+                 "block_size", "kv_cache_gb", "prefix_caching")
 _SERVER_FLAGS = ("host", "port", "max_prompt_bytes", "max_body_bytes", "rate_limit",
                  "rate_burst", "heartbeat_s", "max_timeout_s", "output_buffer",
                  "max_pending_tokens")
@@ -133,8 +134,13 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--batching-mode", choices=["continuous", "static"])
     for flag in ("--max-batch-size", "--max-seq-len", "--max-waiting-requests",
                  "--prefill-token-budget", "--seed", "--num-threads", "--max-prompt-bytes",
-                 "--max-body-bytes", "--rate-burst", "--output-buffer", "--max-pending-tokens"):
+                 "--max-body-bytes", "--rate-burst", "--output-buffer", "--max-pending-tokens",
+                 "--block-size"):
         p.add_argument(flag, type=int)
+    p.add_argument("--kv-cache-gb", type=float,
+                   help="KV cache budget in GB (default: 0.75, or less if enough)")
+    p.add_argument("--no-prefix-caching", dest="prefix_caching", action="store_const",
+                   const=False, default=None, help="do not reuse KV blocks of shared prefixes")
     p.add_argument("--rate-limit", type=float, help="requests per minute per client (off)")
     p.add_argument("--heartbeat-s", type=float, help="SSE heartbeat interval (default: 15)")
     p.add_argument("--max-timeout-s", type=float, help="cap on a request's run time (600)")

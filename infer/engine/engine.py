@@ -156,6 +156,16 @@ class Engine:
     def num_waiting(self) -> int:
         return len(self.scheduler.waiting)
 
+    def cache_stats(self) -> dict[str, int]:
+        """KV cache counters for ``/metrics`` (plain ints: safe to read from another thread)."""
+        return {
+            "infer_kv_blocks_used": self.blocks.num_used,
+            "infer_kv_blocks_total": self.blocks.num_blocks,
+            "infer_prefix_cache_hits_total": self.blocks.hits,
+            "infer_prefix_cache_queries_total": self.blocks.queries,
+            "infer_preemptions_total": self.scheduler.preemptions,
+        }
+
     def step(self) -> list[StepOutput]:
         """Schedule, run one batched forward (decode + prefill), and turn logits into outputs."""
         outputs = self._apply_aborts()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -29,7 +30,8 @@ class ForwardOutput:
     """``logits`` is float32 ``[B, V]`` with ``logits_index``, else ``[B, T, V]``."""
 
     logits: Tensor
-    attn: dict[int, Tensor] | None = None  # layer → [B, H, T, S] float32, when captured
+    # layer → [B, H, T, S] float32 when captured; from forward_paged, each sequence's [H, S]
+    attn: dict[int, Any] | None = None
 
 
 class DecoderStack(nn.Module):

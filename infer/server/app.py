@@ -117,5 +117,6 @@ async def _metrics() -> Response:
         running=worker.running if worker else 0,
         waiting=worker.waiting if worker else 0,
         ready=state.ready,
+        cache=state.engine.cache_stats() if state.engine is not None else None,
     )
     return Response(text, status=200, content_type=CONTENT_TYPE)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 FINISH_REASONS = ("stop", "eos", "length", "abort", "error")
@@ -75,13 +75,15 @@ class Metrics:
         self.client_disconnects = 0
         self.generated_tokens = 0
 
-    def render(self, running: int, waiting: int, ready: bool) -> str:
+    def render(self, running: int, waiting: int, ready: bool,
+               cache: Mapping[str, int] | None = None) -> str:
         """The whole exposition text.
 
         Args:
             running: Requests in the engine's running batch.
             waiting: Requests queued for the engine.
             ready: Whether the engine loop is up.
+            cache: The engine's KV cache counters (:meth:`Engine.cache_stats`), once loaded.
 
         Returns:
             Text for a ``text/plain; version=0.0.4`` response.
@@ -104,8 +106,26 @@ class Metrics:
                       self.generated_tokens),
             *self.ttft.render(),
             *self.itl.render(),
+            *_cache_lines(cache or dict.fromkeys(CACHE_METRICS, 0)),
         ]
         return "\n".join(lines) + "\n"
+
+
+# The engine's KV cache counters: name → (type, help).
+CACHE_METRICS = {
+    "infer_kv_blocks_used": ("gauge", "KV cache blocks held by requests."),
+    "infer_kv_blocks_total": ("gauge", "KV cache blocks in the pool."),
+    "infer_prefix_cache_hits_total": ("counter", "Prompt blocks found in the prefix cache."),
+    "infer_prefix_cache_queries_total": ("counter", "Prompt blocks looked up in the prefix cache."),
+    "infer_preemptions_total": ("counter", "Requests preempted (recomputed later) for KV room."),
+}
+
+
+def _cache_lines(cache: Mapping[str, int]) -> list[str]:
+    lines = []
+    for name, (kind, help_text) in CACHE_METRICS.items():
+        lines += (_gauge if kind == "gauge" else _counter)(name, help_text, cache[name])
+    return lines
 
 
 def _gauge(name: str, help_text: str, value: float) -> list[str]:

@@ -212,4 +212,4 @@ class GatedModel(nn.Module):
 
     def forward_paged(self, *args: Any, **kwargs: Any) -> Any:
         self.gate.wait_turn()
-        return self.inner.forward_paged(*args, **kwargs)
+        return self.inner.forward_paged(*args, **kwargs)  # type: ignore[operator]

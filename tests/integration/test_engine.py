@@ -182,17 +182,22 @@ def test_rejects_bad_requests_before_queueing(tiny_model, default_tokenizer) -> 
         engine.add_request("hi", SamplingParams(max_new_tokens=4))
 
 
-def test_no_leaks_after_200_requests(tiny_model, default_tokenizer) -> None:
-    engine = _engine(tiny_model, default_tokenizer, max_batch_size=8, max_waiting_requests=200)
+def test_no_leaks_after_500_mixed_requests(tiny_model, default_tokenizer) -> None:
+    # A small KV budget (48 blocks of 4) so that prefix sharing, waiting for blocks and
+    # preemption all happen along the way.
+    engine = _engine(tiny_model, default_tokenizer, max_batch_size=8, max_waiting_requests=500,
+                     block_size=4, kv_cache_gb=48 * _block_bytes(tiny_model, 4) / 1e9,
+                     max_seq_len=64)
     refs = []
-    for i in range(200):
+    for i in range(500):
         params = SamplingParams(max_new_tokens=1 + i % 4, temperature=0.0)
         refs.append(weakref.ref(engine.add_request(PROMPTS[i % len(PROMPTS)], params)))
         if i % 7 == 0:
             engine.abort(f"req-{i}")
     outs = _run(engine)
-    assert len(outs) == 200
+    assert len(outs) == 500
     assert all(sum(o.finished for o in v) == 1 for v in outs.values())
+    assert engine.blocks.hits > 0
     assert engine.blocks.num_used == 0 and not engine.blocks.tables
     assert not engine.scheduler.running and not engine.scheduler.waiting
     del outs
@@ -215,3 +220,40 @@ def test_traces_carry_topk_entropy_and_attention(tiny_model, default_tokenizer) 
         attn = torch.tensor(o.trace["attn"])
         assert attn.shape == (4, prompt_len + i)  # heads × context
         torch.testing.assert_close(attn.sum(-1), torch.ones(4))
+
+
+def _block_bytes(model, block_size: int) -> int:
+    from infer.models.kv_cache import PagedKVCache
+
+    return PagedKVCache.bytes_per_block(model.config, block_size, model.dtype)
+
+
+SYSTEM = "You are a careful assistant. Answer in one short sentence, and never guess. " * 2
+
+
+def test_prefix_cache_hits_change_nothing(tiny_model, default_tokenizer) -> None:
+    prompts = [SYSTEM + q for q in ("What is two plus two?", "Name a colour.", "Hi!")]
+    outputs = {}
+    for caching in (False, True):
+        engine = _engine(tiny_model, default_tokenizer, prefix_caching=caching, block_size=4)
+        got = []
+        for params in (GREEDY, SEEDED):
+            for p in prompts:  # one at a time: each later prompt finds the shared blocks
+                req = engine.add_request(p, params)
+                got.append(_tokens(_run(engine)[req.request_id]))
+        outputs[caching] = got
+        assert (engine.blocks.hits > 0) == caching
+    assert outputs[True] == outputs[False]
+
+
+def test_preempted_requests_finish_with_unchanged_output(tiny_model, default_tokenizer) -> None:
+    params = SamplingParams(max_new_tokens=40, temperature=0.0, ignore_eos=True)
+    expected = [_alone(tiny_model, default_tokenizer, p, params) for p in PROMPTS[:4]]
+    # 24 blocks of 4 tokens: the four requests cannot all grow to their full length at once.
+    engine = _engine(tiny_model, default_tokenizer, block_size=4, max_seq_len=96,
+                     kv_cache_gb=24 * _block_bytes(tiny_model, 4) / 1e9, prefix_caching=False)
+    reqs = [engine.add_request(p, params) for p in PROMPTS[:4]]
+    outs = _run(engine)
+    assert engine.scheduler.preemptions > 0
+    assert [_tokens(outs[r.request_id]) for r in reqs] == expected
+    assert engine.blocks.num_used == 0
