@@ -135,6 +135,40 @@ class PagedContext:
     capture: AttnCapture | None = None
 
 
+def paged_decode_attention_reference(
+    q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor, seq_lens: Tensor,
+    scale: float, window: int,
+) -> Tensor:
+    """What the C++ decode kernel computes, in torch ops (other devices; tests).
+
+    Args:
+        q: ``[N, H, D]`` one query token per sequence.
+        k_cache: ``[blocks, K, D, block_size]`` one layer's keys.
+        v_cache: ``[blocks, K, block_size, D]`` one layer's values.
+        block_tables: ``[N, max_blocks]`` int32.
+        seq_lens: ``[N]`` int32 attended lengths (the query's own key included).
+        scale: Score scale.
+        window: Sliding window (0: none).
+
+    Returns:
+        ``[N, H, D]``.
+    """
+    n, h, d = q.shape
+    kv = k_cache.shape[1]
+    tables = block_tables.long()
+    keys = k_cache[tables].permute(0, 2, 1, 4, 3).reshape(n, kv, -1, d)  # [N, K, S, D]
+    values = v_cache[tables].transpose(1, 2).reshape(n, kv, -1, d)
+    pos = torch.arange(keys.shape[2], device=q.device)
+    lens = seq_lens.long().unsqueeze(1)
+    mask = pos < lens
+    if window:
+        mask &= pos >= lens - window
+    folded = q.reshape(n, kv, h // kv, d)  # each KV head's query group on the query axis
+    out = F.scaled_dot_product_attention(folded, keys, values, attn_mask=mask[:, None, None],
+                                         scale=scale)
+    return out.reshape(n, h, d)
+
+
 def build_mask(q_pos: Tensor, k_pos: Tensor, k_valid: Tensor | None, window: int | None) -> Tensor:
     """Boolean mask ``[B, 1, T, S]``: causal by position, optionally windowed.
 
@@ -222,9 +256,10 @@ class Attention(nn.Module):
         nd = ctx.num_decode
         decode = None
         if nd:
-            decode = kernels.ops().paged_decode_attention(
-                q[:nd], ctx.cache.k[layer], ctx.cache.v[layer], ctx.block_tables, ctx.seq_lens,
-                self.scale, window)  # [nd, H, D]
+            attend = (kernels.ops().paged_decode_attention if q.device.type == "cpu"
+                      else paged_decode_attention_reference)
+            decode = attend(q[:nd], ctx.cache.k[layer], ctx.cache.v[layer], ctx.block_tables,
+                            ctx.seq_lens, self.scale, window)  # [nd, H, D]
         if not ctx.spans and decode is not None:
             out = decode
         else:
