@@ -97,6 +97,15 @@ class Scheduler(ABC):
         policy), then prefill chunks of prompts, oldest first, within the token budget."""
         decode = self._decodes()
         self._admit()
+        chunks = self._prefill_chunks()
+        while not decode and not chunks and len(self.running) > 1:
+            # Prompts part-way through prefill hold every free block and none can go on:
+            # give the oldest room by sending the newest back to wait.
+            self._preempt(self.running[-1])
+            chunks = self._prefill_chunks()
+        return SchedulerOutput(chunks, decode)
+
+    def _prefill_chunks(self) -> list[PrefillChunk]:
         budget = self.config.prefill_token_budget
         chunks: list[PrefillChunk] = []
         for req in self.running:
@@ -107,7 +116,7 @@ class Scheduler(ABC):
                 break
             chunks.append(chunk)
             budget -= chunk.length
-        return SchedulerOutput(chunks, decode)
+        return chunks
 
     def _backlog(self) -> int:
         """Prompt tokens that running requests still have to prefill."""

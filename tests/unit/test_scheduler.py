@@ -178,6 +178,20 @@ def test_decode_without_a_free_block_preempts_the_newest_request() -> None:
     assert [(c.request, c.start, c.length) for c in plan.prefill] == [(b, 0, 9)]
 
 
+def test_prompts_stuck_part_way_through_prefill_make_room_for_the_oldest() -> None:
+    blocks = _blocks(4)  # 16 tokens
+    s = ContinuousScheduler(EngineConfig(max_batch_size=4, max_seq_len=16), blocks)
+    a, b = _req("a", 12), _req("b", 12)
+    for r in (a, b):  # each prefilled 8 of its 12 tokens: the pool is full, nobody decodes
+        s.waiting.append(r)
+        assert s._start(s.waiting.popleft(), 8)
+        r.num_cached = 8
+    assert blocks.num_free == 0
+    plan = s.schedule()
+    assert [(c.request, c.start, c.length) for c in plan.prefill] == [(a, 8, 4)]
+    assert list(s.waiting) == [b] and s.preemptions == 1
+
+
 def test_prefix_cache_hands_full_blocks_to_a_later_prompt() -> None:
     blocks = _blocks(16, prefix_caching=True)
     s = ContinuousScheduler(EngineConfig(max_batch_size=4, max_seq_len=64), blocks)
