@@ -19,6 +19,7 @@ from transformers import PreTrainedTokenizerBase
 from infer.engine.block_manager import BlockManager
 from infer.engine.config import EngineConfig
 from infer.engine.detokenizer import IncrementalDetokenizer
+from infer.engine.logits import process_logits
 from infer.engine.request import (
     FinishReason,
     Request,
@@ -184,7 +185,7 @@ class Engine:
             return []
         penalized = any(r.params.repetition_penalty != 1.0 for r in requests)
         tokens = sample(
-            logits,
+            process_logits(logits, requests),  # bias, penalties, grammar; logprobs stay raw
             [r.params for r in requests],
             [r.generator for r in requests],
             [r.history if penalized else () for r in requests],

@@ -5,12 +5,15 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from infer.engine.detokenizer import IncrementalDetokenizer
 from infer.engine.sampler import SamplingParams
+
+if TYPE_CHECKING:
+    from infer.engine.grammar import GrammarState
 
 
 class RequestStatus(IntEnum):
@@ -65,6 +68,7 @@ class Request:
     prefill_len: int = 0  # tokens to prefill before decoding (prompt + output if preempted)
     first_token_time: float | None = None
     finish_time: float | None = None
+    grammar_state: GrammarState | None = None  # structured output: set on its first step
 
     @property
     def prompt_len(self) -> int:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -23,6 +24,11 @@ MAX_TEMPERATURE = 100.0
 _SEED_RANGE = (-(2**63), 2**64 - 1)
 # Top-p first looks for its nucleus among this many most likely tokens.
 _NUCLEUS_CANDIDATES = 256
+MAX_PENALTY = 2.0  # presence and frequency penalties, as OpenAI bounds them
+MAX_LOGIT_BIAS = 100.0
+
+if TYPE_CHECKING:
+    from infer.engine.grammar import Grammar
 
 
 @dataclass
@@ -41,6 +47,13 @@ class SamplingParams:
         seed: Seed of this request's own generator; ``None`` uses the global RNG.
         ignore_eos: Keep generating past the end-of-sequence token.
         logprobs: How many top log-probabilities to report per token (0 to 20).
+        presence_penalty: OpenAI's: subtracted once from the logit of every token already
+            generated; in ``[-2, 2]``.
+        frequency_penalty: OpenAI's: subtracted from a token's logit once per time it was
+            generated; in ``[-2, 2]``.
+        logit_bias: Token id -> value in ``[-100, 100]`` added to its logit (-100 bans it,
+            +100 all but forces it).
+        grammar: Constrains the output to a grammar (structured output); ``None``: free.
 
     Raises:
         ValueError: A field is out of range; the message names the field.
@@ -55,6 +68,10 @@ class SamplingParams:
     seed: int | None = None
     ignore_eos: bool = False
     logprobs: int = 0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    grammar: Grammar | None = None
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -77,6 +94,20 @@ class SamplingParams:
         if self.seed is not None and not (_SEED_RANGE[0] <= self.seed <= _SEED_RANGE[1]):
             raise ValueError(f"seed must fit in 64 bits, got {self.seed}")
         self._check_stop()
+        self._check_openai_penalties()
+
+    def _check_openai_penalties(self) -> None:
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not (-MAX_PENALTY <= value <= MAX_PENALTY):
+                raise ValueError(f"{name} must be in [-{MAX_PENALTY:g}, {MAX_PENALTY:g}], "
+                                 f"got {value}")
+        for token, bias in self.logit_bias.items():
+            if not isinstance(token, int) or token < 0:
+                raise ValueError(f"logit_bias keys must be token ids >= 0, got {token!r}")
+            if not (-MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS):
+                raise ValueError(f"logit_bias values must be in [-{MAX_LOGIT_BIAS:g}, "
+                                 f"{MAX_LOGIT_BIAS:g}], got {bias} for token {token}")
 
     def _check_stop(self) -> None:
         if isinstance(self.stop, str) or not isinstance(self.stop, list | tuple):

@@ -1,0 +1,116 @@
+"""Grammars for structured output, compiled and matched by xgrammar.
+
+A :class:`GrammarCompiler` turns a JSON schema (or "any JSON object") into a
+:class:`Grammar`: compiled once, immutable, shared by every choice of a request. Each request
+gets its own :class:`GrammarState` (its matcher) the first time the engine masks its logits.
+
+xgrammar was chosen over llguidance by measurement at batch 16 (SmolLM2's 49152 tokens, a
+nested schema): filling the 16 rows' bitmasks took 0.07-0.18 ms per step against 0.25-0.55 ms
+for llguidance, and xgrammar's C++ mask kernel takes the constrained rows' indices and needs
+no compiler at run time (llguidance's is a ``torch.compile`` function, 0.45 s on first call).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import xgrammar as xgr
+from transformers import PreTrainedTokenizerBase
+
+
+class GrammarError(ValueError):
+    """A schema that cannot be compiled into a grammar."""
+
+
+class Grammar:
+    """A compiled grammar; :meth:`new_state` starts a matcher for one request."""
+
+    def __init__(self, compiled: xgr.CompiledGrammar, description: str) -> None:
+        self.compiled = compiled
+        self.description = description
+
+    def new_state(self) -> GrammarState:
+        return GrammarState(xgr.GrammarMatcher(self.compiled))
+
+    def __repr__(self) -> str:
+        return f"Grammar({self.description})"
+
+
+class GrammarState:
+    """One request's matcher and how many of its output tokens it has consumed."""
+
+    def __init__(self, matcher: xgr.GrammarMatcher) -> None:
+        self.matcher = matcher
+        self.consumed = 0
+
+    def advance(self, output_ids: Sequence[int]) -> None:
+        """Feed the matcher the output tokens it has not seen yet.
+
+        A token the matcher refuses can only come from outside the mask (``ignore_eos``
+        past the end); it is skipped, and the mask stays that of the accepted prefix.
+        """
+        for token in output_ids[self.consumed:]:
+            if not self.matcher.is_terminated():
+                self.matcher.accept_token(token)
+        self.consumed = len(output_ids)
+
+    def fill(self, bitmask: torch.Tensor, row: int) -> None:
+        """Write the allowed next tokens into ``bitmask[row]``."""
+        self.matcher.fill_next_token_bitmask(bitmask, row)
+
+
+class GrammarCompiler:
+    """Compiles schemas for one tokenizer (thread-safe; results are cached by xgrammar).
+
+    Args:
+        tokenizer: The model's tokenizer.
+        vocab_size: Width of the model's logits (may exceed the tokenizer's vocabulary).
+        stop_token_ids: Tokens that end a request (EOS); allowed once the JSON is complete.
+    """
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, vocab_size: int,
+                 stop_token_ids: Sequence[int]) -> None:
+        info = xgr.TokenizerInfo.from_huggingface(
+            tokenizer, vocab_size=vocab_size, stop_token_ids=list(stop_token_ids) or None)
+        self._compiler = xgr.GrammarCompiler(info, max_threads=1)
+        self._lock = threading.Lock()
+
+    def json_object(self) -> Grammar:
+        """Any JSON object (OpenAI's ``json_object`` mode)."""
+        return self.json_schema({"type": "object"})
+
+    def json_schema(self, schema: dict[str, Any]) -> Grammar:
+        """A grammar for JSON documents that validate against ``schema``.
+
+        Raises:
+            GrammarError: The schema is invalid or uses what xgrammar does not support.
+        """
+        try:
+            text = json.dumps(schema)
+            with self._lock:
+                compiled = self._compiler.compile_json_schema(text, any_whitespace=False,
+                                                              strict_mode=True)
+        except Exception as e:  # noqa: BLE001 - xgrammar raises several types
+            message = str(e).splitlines()[0][:300] if str(e) else type(e).__name__
+            raise GrammarError(f"cannot compile the JSON schema: {message}") from None
+        return Grammar(compiled, "json_schema")
+
+
+def allocate_bitmask(rows: int, vocab_size: int) -> torch.Tensor:
+    """A ``[rows, ceil(V / 32)]`` int32 bitmask (one bit per token)."""
+    return xgr.allocate_token_bitmask(rows, vocab_size)
+
+
+def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> None:
+    """Set the tokens that ``bitmask`` disallows to ``-inf`` in ``logits[rows]``, in place.
+
+    Args:
+        logits: ``[N, V]`` float32 logits.
+        bitmask: ``[N, ceil(V / 32)]``; the rows in ``rows`` filled by :meth:`GrammarState.fill`.
+        rows: The constrained rows (the others are not read or touched).
+    """
+    xgr.apply_token_bitmask_inplace(logits, bitmask, vocab_size=logits.shape[1], indices=rows)
