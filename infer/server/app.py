@@ -20,7 +20,7 @@ from quart import Response, jsonify
 from quart_trio import QuartTrio
 
 from infer.engine.engine import Engine
-from infer.server import events, inspect, limits, openai
+from infer.server import events, inspect, limits, openai, tokenize
 from infer.server.config import ServerConfig
 from infer.server.errors import register_error_handlers
 from infer.server.metrics import CONTENT_TYPE
@@ -51,7 +51,8 @@ def create_app(config: ServerConfig | None = None, engine: Engine | None = None)
     app.extensions["infer"] = state
     register_error_handlers(app)
     limits.install(app, config)
-    for blueprint in (openai.blueprint, events.blueprint, inspect.blueprint):
+    for blueprint in (openai.blueprint, events.blueprint, inspect.blueprint,
+                      tokenize.blueprint):
         app.register_blueprint(blueprint)
     app.add_url_rule("/health", "health", _health, methods=["GET"])
     app.add_url_rule("/metrics", "metrics", _metrics, methods=["GET"])

@@ -28,6 +28,7 @@ from infer.server.generation import (
 )
 from infer.server.schemas import GenerateRequest
 from infer.server.state import get_state
+from infer.server.structured import compile_format
 
 log = logging.getLogger("infer.server")
 
@@ -42,8 +43,9 @@ async def generate() -> Response:
     state = get_state()
     body = await parse_body(GenerateRequest)
     trace = TraceSpec(body.trace.top_k, body.trace.layer) if body.trace else None
+    grammar = await compile_format(state, body)
     sub = Submission(body.prompt, body.messages, body, body.max_tokens, DEFAULT_MAX_TOKENS,
-                     trace=trace, timeout_s=body.timeout_s)
+                     trace=trace, timeout_s=body.timeout_s, grammar=grammar)
     gen = await start(state, sub, arrival)
     return sse.stream_response(_events(gen, body.metrics_every))
 

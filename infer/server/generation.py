@@ -21,6 +21,7 @@ from pydantic import BaseModel, ValidationError
 from quart import request
 
 from infer.engine.engine import Engine, QueueFullError
+from infer.engine.grammar import Grammar
 from infer.engine.request import StepOutput, TraceSpec
 from infer.engine.sampler import SamplingParams
 from infer.server.errors import APIError
@@ -81,8 +82,12 @@ def render_chat(engine: Engine, messages: Sequence[ChatMessage]) -> str:
         raise APIError(422, f"{engine.model_name} has no chat template", "no_chat_template")
     turns = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
              for m in messages]
-    text = engine.tokenizer.apply_chat_template(turns, add_generation_prompt=True,
-                                                tokenize=False)
+    try:
+        text = engine.tokenizer.apply_chat_template(turns, add_generation_prompt=True,
+                                                    tokenize=False)
+    except Exception as e:  # noqa: BLE001 - the template refuses the conversation
+        raise APIError(422, f"messages: the chat template refused them: {e}"[:300],
+                       "invalid_messages") from None
     return str(text)
 
 
@@ -128,6 +133,7 @@ class Submission:
     logprobs: int = 0
     trace: TraceSpec | None = None
     timeout_s: float | None = None
+    grammar: Grammar | None = None  # structured output, compiled from response_format
 
 
 async def start(state: ServerState, sub: Submission, arrival: float) -> Generation:
@@ -178,11 +184,16 @@ def _sampling_params(engine: Engine, sub: Submission, prompt_len: int) -> Sampli
     except ValueError as e:
         raise APIError(422, str(e), "context_length_exceeded") from None
     f = sub.fields
+    vocab = engine.model.config.vocab_size
+    if f.logit_bias and max(f.logit_bias) >= vocab:
+        raise APIError(422, f"logit_bias: token ids must be below {vocab}", "invalid_value")
     try:
         return SamplingParams(
             max_new_tokens=max_tokens, temperature=f.temperature, top_p=f.top_p,
             top_k=f.top_k, repetition_penalty=f.repetition_penalty, stop=f.stop_list(),
             seed=f.seed, ignore_eos=f.ignore_eos, logprobs=sub.logprobs,
+            presence_penalty=f.presence_penalty, frequency_penalty=f.frequency_penalty,
+            logit_bias=dict(f.logit_bias or {}), grammar=sub.grammar,
         )
     except ValueError as e:
         raise APIError(422, str(e), "invalid_value") from None

@@ -6,13 +6,21 @@ Value checks live here so that a bad field is reported under the name the client
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, model_validator
 
-from infer.engine.sampler import MAX_LOGPROBS, MAX_STOP_STRINGS, MAX_TEMPERATURE
+from infer.engine.sampler import (
+    MAX_LOGIT_BIAS,
+    MAX_LOGPROBS,
+    MAX_PENALTY,
+    MAX_STOP_STRINGS,
+    MAX_TEMPERATURE,
+)
 
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
+MAX_CHOICES = 16  # n per prompt
+MAX_FANOUT = 64  # engine requests per request: prompts times n
 
 
 class _Body(BaseModel):
@@ -20,26 +28,51 @@ class _Body(BaseModel):
 
 
 class TextPart(_Body):
-    """One part of a message's content list (only text is supported)."""
+    """One text part of a message's content list."""
 
     type: Literal["text"]
     text: str
 
 
+class OtherPart(BaseModel):
+    """A content part OpenAI defines that a text model cannot take (refused, named)."""
+
+    model_config = ConfigDict(extra="allow")
+    type: Literal["image_url", "input_audio", "file", "refusal"]
+
+
 class ChatMessage(_Body):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: str | list[TextPart | OtherPart] | None = None
     name: str | None = None
+    tool_call_id: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    function_call: dict[str, Any] | None = None
+    refusal: str | None = None
+    audio: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _text_only(self) -> ChatMessage:
+        for part in self.content if isinstance(self.content, list) else []:
+            if isinstance(part, OtherPart):
+                raise ValueError(f"content parts of type {part.type!r} are not supported: "
+                                 "this server serves a text-only model")
+        if self.audio is not None:
+            raise ValueError("audio is not supported: this server serves a text-only model")
+        return self
 
     def text(self) -> str:
         """The content as one string."""
+        if self.content is None:
+            return ""
         if isinstance(self.content, str):
             return self.content
-        return "".join(part.text for part in self.content)
+        return "".join(part.text for part in self.content if isinstance(part, TextPart))
 
 
 class StreamOptions(_Body):
     include_usage: bool = False
+    include_obfuscation: bool | None = None  # accepted; chunks are never padded here
 
 
 class TraceOptions(_Body):
@@ -49,8 +82,43 @@ class TraceOptions(_Body):
     top_k: Annotated[int, Field(ge=1, le=MAX_LOGPROBS)] = 5
 
 
+class JSONSchemaFormat(_Body):
+    """``response_format.json_schema``: OpenAI's named schema."""
+
+    name: Annotated[str, Field(max_length=64)] = "response"
+    description: str | None = None
+    schema_: Annotated[dict[str, Any], Field(alias="schema")] = Field(
+        default_factory=lambda: {"type": "object"})
+    strict: bool | None = None
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class ResponseFormat(_Body):
+    """``{"type": "text"}``, ``{"type": "json_object"}`` or ``{"type": "json_schema", ...}``."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> ResponseFormat:
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError("json_schema is required with type json_schema, and only then")
+        return self
+
+    def schema_or_none(self) -> dict[str, Any] | None:
+        """The JSON schema the output must follow; ``None`` for free text."""
+        if self.type == "json_object":
+            return {"type": "object"}
+        return self.json_schema.schema_ if self.json_schema is not None else None
+
+
+TokenIds = Annotated[list[StrictInt], Field(min_length=1)]
 Prompt = StrictStr | list[StrictInt]
+Prompts = StrictStr | list[StrictStr] | list[StrictInt] | list[TokenIds]
 Stop = str | Annotated[list[str], Field(max_length=MAX_STOP_STRINGS)] | None
+Penalty = Annotated[float, Field(ge=-MAX_PENALTY, le=MAX_PENALTY)]
+Bias = Annotated[float, Field(ge=-MAX_LOGIT_BIAS, le=MAX_LOGIT_BIAS)]
 
 
 class SamplingFields(_Body):
@@ -62,35 +130,94 @@ class SamplingFields(_Body):
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
     top_k: Annotated[int, Field(ge=0)] = 0
     repetition_penalty: Annotated[float, Field(gt=0.0)] = 1.0
+    presence_penalty: Penalty = 0.0
+    frequency_penalty: Penalty = 0.0
+    logit_bias: dict[Annotated[int, Field(ge=0)], Bias] | None = None
     stop: Stop = None
     seed: Annotated[int, Field(ge=SEED_MIN, le=SEED_MAX)] | None = None
     ignore_eos: bool = False  # keep generating past EOS (benchmarks; vLLM has it too)
+    response_format: ResponseFormat | None = None
     user: str | None = None
+
+    @model_validator(mode="after")
+    def _format_ends(self) -> SamplingFields:
+        if self.ignore_eos and self.json_schema() is not None:
+            raise ValueError("ignore_eos cannot be combined with a JSON response_format")
+        return self
 
     def stop_list(self) -> list[str]:
         if self.stop is None:
             return []
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
 
+    def json_schema(self) -> dict[str, Any] | None:
+        """The schema structured output must follow, or ``None``."""
+        return self.response_format.schema_or_none() if self.response_format else None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nulls_are_defaults(cls, data: Any) -> Any:
+        """OpenAI clients send ``null`` for fields they leave at their default."""
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if v is not None or k not in _NULLABLE}
+        return data
+
+
+# Fields whose ``null`` means "the default" (clients such as LangChain send them).
+_NULLABLE = frozenset({"temperature", "top_p", "top_k", "repetition_penalty",
+                       "presence_penalty", "frequency_penalty", "n", "stream", "echo",
+                       "logprobs", "ignore_eos"})
+
 
 class _OpenAIFields(SamplingFields):
+    """Fields both OpenAI routes take; those with no meaning here are accepted and ignored."""
+
     model: str
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: Annotated[int, Field(ge=1)] = 1
-
-    @model_validator(mode="after")
-    def _one_choice(self) -> _OpenAIFields:
-        if self.n != 1:
-            raise ValueError("n > 1 is not supported: send one request per completion")
-        return self
+    n: Annotated[int, Field(ge=1, le=MAX_CHOICES)] = 1
+    # Accepted, no effect on a local server (OpenAI's storage, tiers and tracing).
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+    service_tier: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = None
 
 
 class CompletionRequest(_OpenAIFields):
     """``POST /v1/completions``."""
 
-    prompt: Prompt
+    prompt: Prompts
     logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    echo: bool = False
+    best_of: Annotated[int, Field(ge=1, le=MAX_CHOICES)] | None = None
+    suffix: str | None = None
+
+    @model_validator(mode="after")
+    def _honourable(self) -> CompletionRequest:
+        if self.best_of is not None and self.best_of > self.n:
+            raise ValueError("best_of > n is not supported: every sampled completion is "
+                             "returned (use n)")
+        if self.suffix:
+            raise ValueError("suffix is not supported: the models here do not fill in the "
+                             "middle")
+        if len(self.prompt_list()) * self.n > MAX_FANOUT:
+            raise ValueError(f"prompt: at most {MAX_FANOUT} completions per request (prompts "
+                             "times n)")
+        if self.echo and self.logprobs is not None:
+            raise ValueError("echo with logprobs is not supported (prompt log-probabilities "
+                             "are not computed)")
+        return self
+
+    def prompt_list(self) -> list[str | list[int]]:
+        """The prompts, one per group of ``n`` choices, in order."""
+        p = self.prompt
+        if isinstance(p, str) or not p:
+            return [cast(str | list[int], p)]
+        if isinstance(p[0], int):
+            return [cast(list[int], p)]
+        return list(cast(list[str] | list[list[int]], p))
 
 
 class ChatCompletionRequest(_OpenAIFields):
@@ -100,6 +227,33 @@ class ChatCompletionRequest(_OpenAIFields):
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    functions: list[dict[str, Any]] | None = None
+    function_call: str | dict[str, Any] | None = None
+    modalities: list[Literal["text", "audio"]] | None = None
+    audio: dict[str, Any] | None = None
+    prediction: dict[str, Any] | None = None  # a latency hint: ignoring it changes no output
+    reasoning_effort: str | None = None
+    verbosity: str | None = None
+    web_search_options: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _honourable(self) -> ChatCompletionRequest:
+        if self.audio is not None or (self.modalities and "audio" in self.modalities):
+            raise ValueError("audio output is not supported: this server generates text")
+        if self.web_search_options is not None:
+            raise ValueError("web_search_options is not supported: this server has no "
+                             "web access")
+        if self.functions:
+            raise ValueError("functions is not supported (deprecated by OpenAI; no tool "
+                             "calling here)")
+        return self
+
+    def wants_tools(self) -> bool:
+        """Whether the request needs tool calling (``tools`` given and not switched off)."""
+        return bool(self.tools) and self.tool_choice != "none"
 
 
 class GenerateRequest(SamplingFields):
@@ -132,3 +286,27 @@ class InspectRequest(_Body):
         if (self.prompt is None) == (self.messages is None):
             raise ValueError("give exactly one of prompt and messages")
         return self
+
+
+class TokenizeRequest(_Body):
+    """``POST /tokenize`` (vLLM's shape): a prompt, or messages through the chat template."""
+
+    model: str | None = None
+    prompt: StrictStr | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = False  # the generation routes add none
+    add_generation_prompt: bool = True
+    return_token_strs: bool = False
+
+    @model_validator(mode="after")
+    def _prompt_or_messages(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give exactly one of prompt and messages")
+        return self
+
+
+class DetokenizeRequest(_Body):
+    """``POST /detokenize`` (vLLM's shape)."""
+
+    model: str | None = None
+    tokens: list[StrictInt]

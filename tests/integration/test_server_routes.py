@@ -124,7 +124,8 @@ async def test_400_and_422(real_app) -> None:
         error = assert_error(await post("/v1/completions", json=ok | {"foo": 1}), 422,
                              "invalid_value")
         assert "foo" in error["message"]
-        assert "n > 1" in assert_error(await post("/v1/completions", json=ok | {"n": 2}), 422,
+        assert "best_of" in assert_error(await post("/v1/completions",
+                                                    json=ok | {"best_of": 2}), 422,
                                        "invalid_value")["message"]
         assert_error(await post("/v1/completions", json=ok | {"model": "gpt-4"}), 422,
                      "model_not_found")
