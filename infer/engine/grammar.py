@@ -59,8 +59,13 @@ class GrammarState:
         self.consumed = len(output_ids)
 
     def fill(self, bitmask: torch.Tensor, row: int) -> None:
-        """Write the allowed next tokens into ``bitmask[row]``."""
-        self.matcher.fill_next_token_bitmask(bitmask, row)
+        """Write the allowed next tokens into ``bitmask[row]``.
+
+        Once the matcher has accepted a stop token nothing more is constrained (the engine
+        has normally finished the request by then); the row is left as allocated.
+        """
+        if not self.matcher.is_terminated():
+            self.matcher.fill_next_token_bitmask(bitmask, row)
 
 
 class GrammarCompiler:
@@ -101,7 +106,7 @@ class GrammarCompiler:
 
 
 def allocate_bitmask(rows: int, vocab_size: int) -> torch.Tensor:
-    """A ``[rows, ceil(V / 32)]`` int32 bitmask (one bit per token)."""
+    """A ``[rows, ceil(V / 32)]`` int32 bitmask (one bit per token), all allowed."""
     return xgr.allocate_token_bitmask(rows, vocab_size)
 
 
