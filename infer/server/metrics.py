@@ -1,7 +1,8 @@
-"""Server metrics in the Prometheus text exposition format (version 0.0.4).
+"""Server metrics, exposed in the Prometheus text format (0.0.4) by ``prometheus-client``.
 
 Counters and histograms live on the event loop thread only (request tasks update them), so
-they need no locks. The running/waiting gauges are read from the worker when scraped.
+they need no locks. Each app has its own registry (no global state); a collector turns the
+counts into metric families when scraped, and reads the running/waiting gauges then.
 """
 
 from __future__ import annotations
@@ -9,9 +10,18 @@ from __future__ import annotations
 import bisect
 import math
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
+
+CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 FINISH_REASONS = ("stop", "eos", "length", "abort", "error")
 
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -43,17 +53,18 @@ class Histogram:
         self.sum += value
         self.count += 1
 
-    def render(self) -> list[str]:
-        """The histogram's exposition lines."""
-        lines = [f"# HELP {self.name} {self.help_text}", f"# TYPE {self.name} histogram"]
-        cumulative = 0
+    def family(self) -> HistogramMetricFamily:
+        """The histogram as a ``prometheus-client`` metric family."""
+        cumulative, buckets = 0, []
         for bound, n in zip([*self.bounds, math.inf], self.counts, strict=True):
             cumulative += n
-            le = "+Inf" if bound == math.inf else _number(bound)
-            lines.append(f'{self.name}_bucket{{le="{le}"}} {cumulative}')
-        lines.append(f"{self.name}_sum {_number(self.sum)}")
-        lines.append(f"{self.name}_count {self.count}")
-        return lines
+            buckets.append(("+Inf" if bound == math.inf else repr(float(bound)), cumulative))
+        return HistogramMetricFamily(self.name, self.help_text, buckets=buckets,
+                                     sum_value=self.sum)
+
+    def render(self) -> list[str]:
+        """The histogram's exposition lines."""
+        return _expose([self.family()]).splitlines()
 
 
 class Metrics:
@@ -74,6 +85,14 @@ class Metrics:
         self.rejected: Counter[str] = Counter()
         self.client_disconnects = 0
         self.generated_tokens = 0
+        # running, waiting, ready, KV cache counters: set by each render
+        self._live: tuple[int, int, bool, Mapping[str, int] | None] = (0, 0, False, None)
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(self)
+
+    def collect(self) -> Iterator[Metric]:
+        """The registry's collector interface: this scrape's families."""
+        yield from self.families(*self._live)
 
     def render(self, running: int, waiting: int, ready: bool,
                cache: Mapping[str, int] | None = None) -> str:
@@ -88,27 +107,36 @@ class Metrics:
         Returns:
             Text for a ``text/plain; version=0.0.4`` response.
         """
-        lines = [
-            *_gauge("infer_requests_running", "Requests being generated.", running),
-            *_gauge("infer_requests_waiting", "Requests queued for the engine.", waiting),
-            *_gauge("infer_ready", "1 when the model is loaded and the engine runs.", int(ready)),
-            "# HELP infer_requests_total Requests that ended, by finish reason.",
-            "# TYPE infer_requests_total counter",
-            *(f'infer_requests_total{{finish_reason="{reason}"}} {n}'
-              for reason, n in sorted(self.finished.items())),
-            "# HELP infer_requests_rejected_total Requests refused before generating, by code.",
-            "# TYPE infer_requests_rejected_total counter",
-            *(f'infer_requests_rejected_total{{code="{code}"}} {n}'
-              for code, n in sorted(self.rejected.items())),
-            *_counter("infer_client_disconnects_total",
-                      "Streams whose client went away before the end.", self.client_disconnects),
-            *_counter("infer_generated_tokens_total", "Tokens generated for clients.",
-                      self.generated_tokens),
-            *self.ttft.render(),
-            *self.itl.render(),
-            *_cache_lines(cache or dict.fromkeys(CACHE_METRICS, 0)),
+        self._live = (running, waiting, ready, cache)
+        return generate_latest(self.registry).decode("utf-8")
+
+    def families(self, running: int, waiting: int, ready: bool,
+                 cache: Mapping[str, int] | None = None) -> list[Metric]:
+        """Every metric as a ``prometheus-client`` family, in exposition order."""
+        finished = CounterMetricFamily("infer_requests", "Requests that ended, by finish "
+                                       "reason.", labels=["finish_reason"])
+        for reason, n in sorted(self.finished.items()):
+            finished.add_metric([reason], n)
+        rejected = CounterMetricFamily("infer_requests_rejected", "Requests refused before "
+                                       "generating, by code.", labels=["code"])
+        for code, n in sorted(self.rejected.items()):
+            rejected.add_metric([code], n)
+        return [
+            GaugeMetricFamily("infer_requests_running", "Requests being generated.", running),
+            GaugeMetricFamily("infer_requests_waiting", "Requests queued for the engine.",
+                              waiting),
+            GaugeMetricFamily("infer_ready", "1 when the model is loaded and the engine runs.",
+                              int(ready)),
+            finished,
+            rejected,
+            CounterMetricFamily("infer_client_disconnects", "Streams whose client went away "
+                                "before the end.", self.client_disconnects),
+            CounterMetricFamily("infer_generated_tokens", "Tokens generated for clients.",
+                                self.generated_tokens),
+            self.ttft.family(),
+            self.itl.family(),
+            *_cache_families(cache or dict.fromkeys(CACHE_METRICS, 0)),
         ]
-        return "\n".join(lines) + "\n"
 
 
 # The engine's KV cache counters: name → (type, help).
@@ -121,20 +149,23 @@ CACHE_METRICS = {
 }
 
 
-def _cache_lines(cache: Mapping[str, int]) -> list[str]:
-    lines = []
-    for name, (kind, help_text) in CACHE_METRICS.items():
-        lines += (_gauge if kind == "gauge" else _counter)(name, help_text, cache[name])
-    return lines
+def _cache_families(cache: Mapping[str, int]) -> list[Metric]:
+    return [(GaugeMetricFamily if kind == "gauge" else CounterMetricFamily)(
+                name, help_text, value=cache[name])
+            for name, (kind, help_text) in CACHE_METRICS.items()]
 
 
-def _gauge(name: str, help_text: str, value: float) -> list[str]:
-    return [f"# HELP {name} {help_text}", f"# TYPE {name} gauge", f"{name} {_number(value)}"]
+class _Families:
+    """A collector that yields fixed families (a lone histogram's exposition)."""
+
+    def __init__(self, families: Sequence[Metric]) -> None:
+        self._families = families
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._families
 
 
-def _counter(name: str, help_text: str, value: float) -> list[str]:
-    return [f"# HELP {name} {help_text}", f"# TYPE {name} counter", f"{name} {_number(value)}"]
-
-
-def _number(value: float) -> str:
-    return repr(float(value)) if isinstance(value, float) else str(value)
+def _expose(families: Sequence[Metric]) -> str:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Families(families))
+    return generate_latest(registry).decode("utf-8")

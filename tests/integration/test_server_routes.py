@@ -37,12 +37,12 @@ async def test_health_models_and_metrics(real_app) -> None:
         metrics = await client.get("/metrics")
     assert metrics.headers["content-type"].startswith("text/plain; version=0.0.4")
     text = metrics.text
-    for name in ("infer_requests_running 0", "infer_requests_waiting 0",
-                 'infer_requests_total{finish_reason="length"} 1',
-                 "infer_client_disconnects_total 0", "infer_generated_tokens_total 4",
-                 "infer_time_to_first_token_seconds_count 1",
-                 'infer_time_to_first_token_seconds_bucket{le="+Inf"} 1',
-                 "infer_inter_token_latency_seconds_count 3"):
+    for name in ("infer_requests_running 0.0", "infer_requests_waiting 0.0",
+                 'infer_requests_total{finish_reason="length"} 1.0',
+                 "infer_client_disconnects_total 0.0", "infer_generated_tokens_total 4.0",
+                 "infer_time_to_first_token_seconds_count 1.0",
+                 'infer_time_to_first_token_seconds_bucket{le="+Inf"} 1.0',
+                 "infer_inter_token_latency_seconds_count 3.0"):
         assert name in text.splitlines(), name
 
 
@@ -147,7 +147,7 @@ async def test_400_and_422(real_app) -> None:
         assert_error(await client.get("/nowhere"), 404, "not_found")
         assert_error(await client.get("/v1/completions"), 405, "method_not_allowed")
         metrics = (await client.get("/metrics")).text
-    assert 'infer_requests_rejected_total{code="empty_prompt"} 4' in metrics
+    assert 'infer_requests_rejected_total{code="empty_prompt"} 4.0' in metrics
 
 
 async def test_413_prompt_and_body_size(real_app) -> None:

@@ -86,11 +86,13 @@ def test_histogram_and_metrics_text() -> None:
     for v in (0.05, 0.1, 0.5, 3.0, float("nan")):
         h.observe(v)
     lines = h.render()
-    assert 'x_seconds_bucket{le="0.1"} 2' in lines and 'x_seconds_bucket{le="1.0"} 3' in lines
-    assert 'x_seconds_bucket{le="+Inf"} 4' in lines and "x_seconds_count 4" in lines
+    # prometheus-client writes every value as a float
+    assert 'x_seconds_bucket{le="0.1"} 2.0' in lines
+    assert 'x_seconds_bucket{le="1.0"} 3.0' in lines
+    assert 'x_seconds_bucket{le="+Inf"} 4.0' in lines and "x_seconds_count 4.0" in lines
     text = Metrics().render(running=2, waiting=5, ready=True)
-    assert "infer_requests_running 2\n" in text and "infer_requests_waiting 5\n" in text
-    assert 'infer_requests_total{finish_reason="eos"} 0' in text and text.endswith("\n")
+    assert "infer_requests_running 2.0\n" in text and "infer_requests_waiting 5.0\n" in text
+    assert 'infer_requests_total{finish_reason="eos"} 0.0' in text and text.endswith("\n")
 
 
 def test_sse_framing_round_trips() -> None:
