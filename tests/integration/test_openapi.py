@@ -1,0 +1,59 @@
+"""``/openapi.json`` and ``/docs``, and a bounded schemathesis run against a real server.
+
+The server runs a tiny random model (fast whatever schemathesis asks for); schemathesis runs
+as its own process against the server on loopback, with a fixed seed and deterministic
+generation, checking that no response is a 5xx and every response matches its schema.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import trio
+
+from infer.engine.config import EngineConfig
+from infer.engine.engine import Engine
+from infer.server.app import create_app
+from infer.server.config import ServerConfig
+from infer.server.testing import running_server
+
+ST = Path(sys.executable).parent / "st"
+
+
+def _tiny_app(tiny_model, default_tokenizer):
+    config = EngineConfig(max_seq_len=128, max_batch_size=4, dtype="float32")
+    engine = Engine(config, tiny_model, default_tokenizer,
+                    [default_tokenizer.eos_token_id], "tiny")
+    return create_app(ServerConfig(engine=config), engine)
+
+
+async def test_openapi_document_and_docs_page(tiny_model, default_tokenizer) -> None:
+    async with running_server(_tiny_app(tiny_model, default_tokenizer)) as server, \
+            httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+        doc = (await client.get("/openapi.json")).json()
+        docs = await client.get("/docs")
+    assert doc["openapi"].startswith("3.") and doc["info"]["title"] == "infer"
+    completions = doc["paths"]["/v1/completions"]["post"]
+    body = completions["requestBody"]["content"]["application/json"]["schema"]
+    schema = doc["components"]["schemas"].get(body.get("$ref", "").split("/")[-1], body)
+    assert {"prompt", "n", "logit_bias", "response_format"} <= set(schema["properties"])
+    assert {"200", "422"} <= set(completions["responses"])
+    assert {"/tokenize", "/detokenize", "/v1/chat/completions", "/v1/generate"} <= set(
+        doc["paths"])
+    assert docs.status_code == 200 and "swagger-ui" in docs.text
+
+
+async def test_schemathesis_finds_no_server_error(tiny_model, default_tokenizer) -> None:
+    async with running_server(_tiny_app(tiny_model, default_tokenizer)) as server:
+        result = await trio.run_process(
+            [str(ST), "run", f"{server.url}/openapi.json",
+             "--checks", "not_a_server_error,response_schema_conformance",
+             "--phases", "examples,fuzzing", "--max-examples", "10",
+             "--generation-deterministic", "--request-timeout", "300", "--no-color"],
+            capture_stdout=True, stderr=subprocess.STDOUT, check=False)
+    output = result.stdout.decode(errors="replace")
+    assert result.returncode == 0, output[-6000:]
+    assert "passed" in output.lower()
