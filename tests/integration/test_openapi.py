@@ -46,14 +46,16 @@ async def test_openapi_document_and_docs_page(tiny_model, default_tokenizer) -> 
     assert docs.status_code == 200 and "swagger-ui" in docs.text
 
 
-async def test_schemathesis_finds_no_server_error(tiny_model, default_tokenizer) -> None:
+async def test_schemathesis_finds_no_server_error(tiny_model, default_tokenizer,
+                                                  tmp_path: Path) -> None:
     async with running_server(_tiny_app(tiny_model, default_tokenizer)) as server:
         result = await trio.run_process(
             [str(ST), "run", f"{server.url}/openapi.json",
              "--checks", "not_a_server_error,response_schema_conformance",
              "--phases", "examples,fuzzing", "--max-examples", "10",
              "--generation-deterministic", "--request-timeout", "300", "--no-color"],
-            capture_stdout=True, stderr=subprocess.STDOUT, check=False)
+            capture_stdout=True, stderr=subprocess.STDOUT, check=False,
+            cwd=tmp_path)  # schemathesis writes its cache into the working directory
     output = result.stdout.decode(errors="replace")
     assert result.returncode == 0, output[-6000:]
     assert "passed" in output.lower()
