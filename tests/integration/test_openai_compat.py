@@ -174,8 +174,8 @@ async def test_presence_and_frequency_penalties_reduce_repetition(real_app) -> N
         return Counter(tokens).most_common(1)[0][1]
 
     assert freq != plain and top_count(freq) < top_count(plain)
-    assert presence != sampled and len(set(presence)) >= len(set(sampled))
-    assert len(set(negative)) <= len(set(plain))
+    assert presence != sampled  # the exact arithmetic is tests/unit/test_logits.py's
+    assert top_count(negative) >= top_count(plain)  # a negative penalty favours repeats
 
 
 async def test_tokenize_detokenize_and_model_card(real_app, default_model) -> None:
