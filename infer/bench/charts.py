@@ -17,19 +17,24 @@ DPI = 90
 # One colour per system in every chart (matplotlib's default cycle, by position).
 COLORS = {
     "sequential": "C0", "hf": "C1", "hf-batched": "C2", "infer-static": "C3",
-    "infer-continuous": "C4", "llama.cpp": "C5", "url": "C6",
+    "infer-continuous": "C4", "llama.cpp": "C5", "url": "C6", "infer-noprefix": "C8",
+    "vllm": "C9",
 }
+# Without a sweep, these workloads' runs are the throughput chart's points (at most one per
+# system and concurrency, the first listed): prefix measures TTFT, not throughput.
+THROUGHPUT_WORKLOADS = ("W2-serial", "W1", "W2", "chat64")
 PERCENTILE_SHADES = {"p50": 1.0, "p95": 0.65, "p99": 0.35}
 
 
 def throughput_chart(runs: list[Run], path: Path) -> None:
     """Output tok/s against concurrency, one line per system.
 
-    Uses the sweep's runs when there are any, else every run at its concurrency. A serial
-    system (one request at a time) is a dashed horizontal line at its measured rate.
+    Uses the sweep's runs when there are any, else the runs of
+    :data:`THROUGHPUT_WORKLOADS` at their concurrency. A serial system (one request at a time)
+    is a dashed horizontal line at its measured rate.
     """
     sweep = [r for r in runs if r["workload"] == "sweep"]
-    points = sweep or runs
+    points = sweep or _one_per_level(runs)
     levels = sorted({r["concurrency"] for r in points if not r.get("serial")} or {1})
     fig = Figure(figsize=SIZE, dpi=DPI)
     ax = fig.subplots()
@@ -59,6 +64,15 @@ def throughput_chart(runs: list[Run], path: Path) -> None:
     ax.legend(fontsize=7, loc="best")
     fig.tight_layout()
     fig.savefig(path)
+
+
+def _one_per_level(runs: list[Run]) -> list[Run]:
+    chosen: dict[tuple[str, int], Run] = {}
+    for name in THROUGHPUT_WORKLOADS:
+        for r in runs:
+            if r["workload"] == name:
+                chosen.setdefault((r["system"], r["concurrency"]), r)
+    return list(chosen.values()) or runs
 
 
 def latency_chart(runs: list[Run], path: Path, workload: str | None) -> None:

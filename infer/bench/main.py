@@ -33,12 +33,25 @@ from infer.bench.systems import (
     open_system,
     warm_up,
 )
-from infer.bench.workloads import SCALE_SIZES, SCALES, Workload, build_workloads
+from infer.bench.workloads import (
+    SCALE_SIZES,
+    SCALES,
+    WORKLOAD_NAMES,
+    Workload,
+    build_workloads,
+)
 from infer.models.loader import load_model
 
-WORKLOADS = ("w1", "w2", "sweep")
+WORKLOADS = WORKLOAD_NAMES
 # Not being able to measure these is expected on many machines; it does not fail the run.
-OPTIONAL_SYSTEMS = frozenset({"hf", "hf-batched", "llama.cpp"})
+OPTIONAL_SYSTEMS = frozenset({"hf", "hf-batched", "llama.cpp", "vllm"})
+PEER = "vllm"  # the system every run is also compared with, when it was measured
+TOKEN_COUNT_NOTE = (
+    "Output tokens: the count each server reports in its final usage (infer's `done` event, "
+    "the OpenAI stream's usage chunk), and the tokens generated for in-process systems; every "
+    "request asks for an exact count with EOS ignored, so a *short* request is one that "
+    "stopped early"
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -46,7 +59,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--systems", type=_names, help="comma-separated, from: "
                    f"{', '.join(SYSTEMS)} (default: all; with --url: sequential,url)")
     p.add_argument("--workloads", type=_names, default=list(WORKLOADS),
-                   help="comma-separated, from: w1, w2, sweep (default: all)")
+                   help=f"comma-separated, from: {', '.join(WORKLOADS)} (default: all)")
     p.add_argument("--scale", choices=SCALES, default="full",
                    help="full: the sizes of issue 5; quick: minutes on 2 cores; smoke: seconds, "
                    "checks the pipeline only (default: %(default)s)")
@@ -116,8 +129,9 @@ def run_bench(args: argparse.Namespace) -> int:
             unavailable.append({"system": system, "reason": str(e)})
     samples.append(forward_step_ms(loaded, context))
     meta["forward_step_samples_ms"], meta["forward_step_ms"] = samples, min(samples)
-    meta["notes"] = settings.notes
-    _add_ratios(runs)
+    meta["notes"] = [TOKEN_COUNT_NOTE, *settings.notes]
+    meta["startup_s"] = settings.startup_s
+    add_ratios(runs)
     report: Report = {"meta": meta, "workloads": _describe(workloads), "runs": runs,
                       "unavailable": unavailable}
     report["goals"] = goals(runs, meta["forward_step_ms"])
@@ -163,13 +177,35 @@ def _measure(
     return runs
 
 
-def _add_ratios(runs: list[Run]) -> None:
-    """Each run's output tok/s over the sequential baseline's on the same workload."""
+def add_ratios(runs: list[Run]) -> None:
+    """Each run's output tok/s over the sequential baseline's on the same workload, and,
+    when vLLM was measured, its output tok/s and TTFT p95 over vLLM's on the same workload
+    and concurrency (``ratio_vs_vllm``; ``None`` where vLLM has no such run)."""
     base = {r["workload"]: r["metrics"]["output_tok_s"] for r in runs
             if r["system"] == "sequential"}
+    peer = {(r["workload"], r["concurrency"]): r["metrics"] for r in runs if r["system"] == PEER}
     for run in runs:
         rate, ref = run["metrics"]["output_tok_s"], base.get(run["workload"])
-        run["ratio_vs_sequential"] = round(rate / ref, 3) if rate and ref else None
+        run["ratio_vs_sequential"] = _ratio(rate, ref)
+        if peer:
+            run["ratio_vs_vllm"] = vllm_ratio(
+                run["metrics"], peer.get((run["workload"], run["concurrency"]))
+            )
+
+
+def vllm_ratio(metrics: dict[str, Any], peer: dict[str, Any] | None) -> dict[str, Any] | None:
+    """``output_tok_s`` (higher is better) and ``ttft_p95`` (lower is better) of a run over
+    vLLM's on the same load; ``None`` without a vLLM run."""
+    if peer is None:
+        return None
+    return {
+        "output_tok_s": _ratio(metrics["output_tok_s"], peer["output_tok_s"]),
+        "ttft_p95": _ratio(metrics["ttft_ms"]["p95"], peer["ttft_ms"]["p95"]),
+    }
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 3) if a and b else None
 
 
 def goals(runs: list[Run], forward_ms: float | None) -> list[dict[str, Any]]:

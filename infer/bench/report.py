@@ -1,14 +1,14 @@
 """The benchmark report: one JSON file, one Markdown file with the tables, and two PNG charts.
 
 A report is a plain dict (see :func:`infer.bench.main.run_bench`): ``meta``, ``workloads``,
-``runs`` (one per system × workload × concurrency, each with its ``metrics`` and
-``ratio_vs_sequential``), ``unavailable`` systems with the reason, and ``goals``.
+``runs`` (one per system × workload × concurrency, each with its ``metrics``,
+``ratio_vs_sequential`` and, when vLLM was measured, ``ratio_vs_vllm``: output tok/s and TTFT
+p95 over vLLM's on the same load), ``unavailable`` systems with the reason, and ``goals``.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +60,7 @@ def markdown(report: Report) -> str:
         "",
         f"Rerun: `{meta['command']}`",
         "",
+        *_startup(meta.get("startup_s") or {}),
         *[f"- {note}" for note in meta.get("notes", [])],
         "",
         tables(report),
@@ -77,13 +78,15 @@ def markdown(report: Report) -> str:
 def tables(report: Report) -> str:
     """The result tables alone (what ``infer bench`` prints)."""
     out: list[str] = []
+    with_vllm = any("ratio_vs_vllm" in r for r in report["runs"])  # vLLM ran in this report
     for workload in report["workloads"]:
         name = workload["name"]
         runs = [r for r in report["runs"] if r["workload"] == name]
         if name == "sweep":
-            out += _sweep_table(workload, runs)
+            out += _sweep_table(workload, runs, with_vllm)
         else:
-            out += [f"## {name}: {workload['description']}", "", *_workload_table(runs), ""]
+            out += [f"## {name}: {workload['description']}", "",
+                    *_workload_table(runs, with_vllm), ""]
     return "\n".join(out)
 
 
@@ -91,10 +94,12 @@ _HEADER = (
     "| system | output tok/s | × sequential | req/s | TTFT p50 / p95 / p99 ms "
     "| ITL p50 / p95 / p99 ms | TPOT p50 ms | E2E p50 / p95 / p99 ms | errors |"
 )
+_VLLM_HEADER = "× vLLM tok/s; TTFT p95 |"
 
 
-def _workload_table(runs: Iterable[Run]) -> list[str]:
-    rows = [_HEADER, "|" + "---|" * 9]
+def _workload_table(runs: list[Run], with_vllm: bool = False) -> list[str]:
+    header = _HEADER.replace("| req/s", "| " + _VLLM_HEADER + " req/s") if with_vllm else _HEADER
+    rows = [header, "|" + "---|" * (10 if with_vllm else 9)]
     for run in runs:
         m = run["metrics"]
         errors = str(m["errors"])
@@ -102,20 +107,33 @@ def _workload_table(runs: Iterable[Run]) -> list[str]:
             errors += " (" + ", ".join(f"{k}: {v}" for k, v in m["error_codes"].items()) + ")"
         if m.get("short"):
             errors += f"; {m['short']} short"
+        vllm = f" {_vllm_ratio(run)} |" if with_vllm else ""
         rows.append(
-            f"| {_system(run)} | {_num(m['output_tok_s'])} | {_ratio(run)} | {_num(m['req_s'])} "
-            f"| {_pcts(m['ttft_ms'])} | {_pcts(m['itl_ms'])} | {_num(m['tpot_ms']['p50'])} "
-            f"| {_pcts(m['e2e_ms'])} | {errors} |"
+            f"| {_system(run)} | {_num(m['output_tok_s'])} | {_ratio(run)} |{vllm} "
+            f"{_num(m['req_s'])} | {_pcts(m['ttft_ms'])} | {_pcts(m['itl_ms'])} "
+            f"| {_num(m['tpot_ms']['p50'])} | {_pcts(m['e2e_ms'])} | {errors} |"
         )
     return rows
 
 
-def _sweep_table(workload: dict[str, Any], runs: list[Run]) -> list[str]:
+def _vllm_ratio(run: Run) -> str:
+    """``0.52×; 1.90×``: output tok/s over vLLM's (higher is better), then TTFT p95 over
+    vLLM's (lower is better); – where either is missing."""
+    ratio = run.get("ratio_vs_vllm") or {}
+    cells = [ratio.get("output_tok_s"), ratio.get("ttft_p95")]
+    return "; ".join("–" if c is None else f"{c:.2f}×" for c in cells)
+
+
+def _sweep_table(
+    workload: dict[str, Any], runs: list[Run], with_vllm: bool = False
+) -> list[str]:
     levels = workload["levels"]
     out = [
         f"## Concurrency sweep: {workload['description']}",
         "",
-        "Output tok/s (× sequential), TTFT p50 ms below. A system marked *serial* handles one "
+        "Output tok/s (× sequential), TTFT p50 ms"
+        + ("; × vLLM tok/s; TTFT p95" if with_vllm else "")
+        + " below. A system marked *serial* handles one "
         "request at a time whatever the concurrency; it was measured once.",
         "",
         "| system | " + " | ".join(f"c={c}" for c in levels) + " |",
@@ -131,8 +149,9 @@ def _sweep_table(workload: dict[str, Any], runs: list[Run]) -> list[str]:
                 cells.append("–")
                 continue
             m = run["metrics"]
+            vllm = f"; {_vllm_ratio(run)}" if with_vllm else ""
             cells.append(
-                f"{_num(m['output_tok_s'])} ({_ratio(run)}), {_num(m['ttft_ms']['p50'])} ms"
+                f"{_num(m['output_tok_s'])} ({_ratio(run)}), {_num(m['ttft_ms']['p50'])} ms{vllm}"
             )
         out.append(f"| {_system(mine[0])} | " + " | ".join(cells) + " |")
     return [*out, ""]
@@ -148,6 +167,13 @@ def goals_table(report: Report) -> str:
         met = "–" if g["met"] is None else ("yes" if g["met"] else "**no**")
         out.append(f"| {g['goal']} | {_num(g['value'])} | {g['target']} | {met} |")
     return "\n".join([*out, ""])
+
+
+def _startup(startup_s: dict[str, float]) -> list[str]:
+    if not startup_s:
+        return []
+    times = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in startup_s.items())
+    return [f"Server start to ready: {times}.", ""]
 
 
 def _unavailable(items: list[dict[str, str]]) -> list[str]:

