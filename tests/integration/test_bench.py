@@ -1,8 +1,10 @@
 """``infer bench`` end to end at smoke scale: the report is complete and plausible.
 
-It loads the real default model, starts real servers (static and continuous batching) as
-subprocesses, and measures a couple of tiny requests per workload. It checks what the report
-holds, never how fast anything was: timings on a shared 2-core machine are noise.
+It loads the real default model, starts real servers (static and continuous batching, and
+continuous without prefix caching) as subprocesses, and measures a couple of tiny requests per
+workload, the chat-sized, one-at-a-time and shared-prefix loads included (vLLM is not needed).
+It checks what the report holds, never how fast anything was: timings on a shared 2-core
+machine are noise.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from infer.models.default import default_gguf_path
 
 pytestmark = pytest.mark.slow
 
-SYSTEMS = ["sequential", "hf-batched", "infer-static", "infer-continuous"]
+SYSTEMS = ["sequential", "hf-batched", "infer-static", "infer-continuous", "infer-noprefix"]
+WORKLOADS = ["W1", "W2", "W2-serial", "chat64", "prefix"]  # and the sweep
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 MAX_PNG_BYTES = 200_000  # small enough to commit
 
@@ -53,10 +56,10 @@ def test_files_are_written(report_dir: Path) -> None:
 def test_every_run_has_every_metric(report_dir: Path) -> None:
     report = _report(report_dir)
     scale = SCALE_SIZES["smoke"]
-    expected_runs = {(s, w) for s in SYSTEMS for w in ("W1", "W2")}
+    expected_runs = {(s, w) for s in SYSTEMS for w in WORKLOADS}
     assert expected_runs <= {(r["system"], r["workload"]) for r in report["runs"]}
     sweep = {(r["system"], r["concurrency"]) for r in report["runs"] if r["workload"] == "sweep"}
-    for system in ("hf-batched", "infer-static", "infer-continuous"):
+    for system in SYSTEMS[1:]:
         assert {(system, c) for c in scale.concurrency} <= sweep
     assert ("sequential", 1) in sweep  # serial: measured once
     workloads = {w["name"]: w for w in report["workloads"]}
@@ -67,6 +70,7 @@ def test_every_run_has_every_metric(report_dir: Path) -> None:
         assert m["output_tokens"] == workloads[run["workload"]]["output_tokens"]
         assert m["output_tok_s"] > 0 and m["req_s"] > 0 and m["wall_s"] > 0
         assert run["ratio_vs_sequential"] > 0
+        assert "ratio_vs_vllm" not in run  # vLLM did not run
         for name in LATENCY_METRICS:
             stats = m[name]
             assert set(stats) == {"p50", "p95", "p99", "mean"}, name
@@ -82,7 +86,9 @@ def test_meta_goals_and_markdown(report_dir: Path) -> None:
     assert meta["model"] == "SmolLM2-135M-Instruct" and meta["dtype"] == "bfloat16"
     assert meta["forward_step_ms"] > 0
     assert [g["value"] is not None for g in report["goals"]] == [True, True, True]
+    assert set(meta["startup_s"]) == {"infer-static", "infer-continuous", "infer-noprefix"}
     md = (report_dir / report["files"]["md"]).read_text()
-    for text in ("## W1", "## W2", "## Concurrency sweep", "## Goals", *SYSTEMS,
+    assert "vLLM" not in md
+    for text in (*(f"## {w}:" for w in WORKLOADS), "## Concurrency sweep", "## Goals", *SYSTEMS,
                  report["files"]["throughput"], report["files"]["latency"]):
         assert text in md
