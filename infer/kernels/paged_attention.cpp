@@ -130,14 +130,24 @@ void attend_one(const Shape& s, int64_t seq, int64_t h, const T* q, const T* k_c
 template <typename T, int64_t kD, int64_t kBlock>
 void decode_all(const Shape& s, const T* q, const T* k_cache, const T* v_cache,
                 const int32_t* tables, const int32_t* lens, T* out) {
-  at::parallel_for(0, s.n_seqs * s.n_kv, 1, [&](int64_t begin, int64_t end) {
+  // Waking a second thread costs tens of microseconds when OpenMP threads sleep between
+  // regions (OMP_WAIT_POLICY=PASSIVE): below a few thousand positions, run in this thread.
+  int64_t positions = 0;
+  for (int64_t i = 0; i < s.n_seqs; ++i) positions += lens[i];
+  const int64_t items = s.n_seqs * s.n_kv;
+  auto work = [&](int64_t begin, int64_t end) {
     std::vector<float> scores, qf(s.groups * s.dim);
     for (int64_t item = begin; item < end; ++item) {
       const int64_t seq = item / s.n_kv, h = item % s.n_kv;
       attend_one<T, kD, kBlock>(s, seq, h, q, k_cache, v_cache, tables + seq * s.max_blocks,
                                 lens[seq], out, scores, qf);
     }
-  });
+  };
+  if (positions * s.n_kv < 4096) {
+    work(0, items);
+  } else {
+    at::parallel_for(0, items, 1, work);
+  }
 }
 
 template <typename T>
