@@ -49,6 +49,8 @@ async def parse_body(model: type[Body]) -> Body:
         data = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as e:
         raise APIError(400, f"malformed JSON body: {e}", "invalid_json") from None
+    except RecursionError:  # the decoder recurses once per nesting level
+        raise APIError(400, "the JSON body is nested too deeply", "invalid_json") from None
     if not isinstance(data, dict):
         raise APIError(400, "the body must be a JSON object", "invalid_json")
     try:
