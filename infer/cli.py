@@ -172,8 +172,7 @@ def _serve(args: argparse.Namespace) -> int:
     logger = logging.getLogger("infer")
     logger.addHandler(handler)
     logger.setLevel(args.log_level.upper())
-    run(config, access_log=args.access_log)
-    return 0
+    return run(config, access_log=args.access_log)
 
 
 def _add_bench(commands: argparse._SubParsersAction) -> None:

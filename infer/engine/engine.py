@@ -183,26 +183,33 @@ class Engine:
         requests, logits = result.requests, result.logits
         if not requests or logits is None:
             return []
-        penalized = any(r.params.repetition_penalty != 1.0 for r in requests)
-        tokens = sample(
-            process_logits(logits, requests),  # bias, penalties, grammar; logprobs stay raw
-            [r.params for r in requests],
-            [r.generator for r in requests],
-            [r.history if penalized else () for r in requests],
-        )
-        top_k = max(max(r.params.logprobs, r.trace.top_k if r.trace else 0) for r in requests)
-        wanted = any(r.params.logprobs or r.trace for r in requests)
-        lps = token_logprobs(logits, tokens, top_k) if wanted else None
+        try:
+            penalized = any(r.params.repetition_penalty != 1.0 for r in requests)
+            tokens = sample(
+                process_logits(logits, requests),  # bias, penalties, grammar; logprobs stay raw
+                [r.params for r in requests],
+                [r.generator for r in requests],
+                [r.history if penalized else () for r in requests],
+            )
+            top_k = max(max(r.params.logprobs, r.trace.top_k if r.trace else 0)
+                        for r in requests)
+            wanted = any(r.params.logprobs or r.trace for r in requests)
+            lps = token_logprobs(logits, tokens, top_k) if wanted else None
+        except Exception as e:  # noqa: BLE001 - a batch-wide failure fails the batch
+            return self._fail_requests(requests, e)
         outputs = []
         for i, (req, token) in enumerate(zip(requests, tokens, strict=True)):
-            out = self._append_token(req, token)
-            if lps is not None:
-                chosen, top = lps[i]
-                if req.params.logprobs:
-                    out.logprob, out.top_logprobs = chosen, top[: req.params.logprobs]
-                if req.trace is not None:
-                    attn = result.attn.get(req.request_id)
-                    out.trace = self._trace(req.trace, logits[i], top, attn)
+            try:
+                out = self._append_token(req, token)
+                if lps is not None:
+                    chosen, top = lps[i]
+                    if req.params.logprobs:
+                        out.logprob, out.top_logprobs = chosen, top[: req.params.logprobs]
+                    if req.trace is not None:
+                        attn = result.attn.get(req.request_id)
+                        out.trace = self._trace(req.trace, logits[i], top, attn)
+            except Exception as e:  # noqa: BLE001 - one request's failure ends only it
+                out = self._fail_requests([req], e)[0]
             outputs.append(out)
         return outputs
 
@@ -260,11 +267,15 @@ class Engine:
         return outputs
 
     def _fail(self, plan: SchedulerOutput, error: Exception) -> list[StepOutput]:
+        return self._fail_requests([c.request for c in plan.prefill] + plan.decode, error)
+
+    def _fail_requests(self, requests: list[Request], error: Exception) -> list[StepOutput]:
+        """End ``requests`` with an error output (also one already finished this step)."""
         oom = isinstance(error, (torch.OutOfMemoryError, MemoryError))
         code = "OUT_OF_MEMORY" if oom else "INFERENCE_FAILED"
         message = f"{type(error).__name__}: {error}".splitlines()[0][:300]
         outputs = []
-        for req in [c.request for c in plan.prefill] + plan.decode:
+        for req in requests:
             req.finish(RequestStatus.FAILED, FinishReason.ERROR, message, code)
             self._release(req)
             outputs.append(self._output(req, None, ""))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+from collections.abc import Awaitable, Callable
 
 import trio
 from hypercorn.config import Config as HypercornConfig
@@ -15,6 +16,7 @@ from infer.engine.config import EngineConfig
 from infer.engine.engine import Engine
 from infer.server.app import create_app, shutdown_trigger
 from infer.server.config import ServerConfig
+from infer.server.state import ServerState
 
 log = logging.getLogger("infer.server")
 
@@ -42,12 +44,16 @@ def hypercorn_config(config: ServerConfig, access_log: bool = False) -> Hypercor
     return hyper
 
 
-def run(config: ServerConfig, access_log: bool = False) -> None:
+def run(config: ServerConfig, access_log: bool = False) -> int:
     """Load the model, then serve until SIGINT or SIGTERM; open streams end cleanly.
 
     Args:
         config: Server settings, the engine's included.
         access_log: Log one line per request.
+
+    Returns:
+        The exit status: 0 after a signal, 1 when the engine failed (every open stream got
+        an error event first; a supervisor should restart the server).
 
     Raises:
         LoadError: The model cannot be loaded.
@@ -55,7 +61,7 @@ def run(config: ServerConfig, access_log: bool = False) -> None:
     log.info("loading model %s", config.engine.model)
     engine = load_off_thread(config.engine)
     app = create_app(config, engine)
-    trio.run(_serve, app, hypercorn_config(config, access_log))
+    return trio.run(serve_app, app, hypercorn_config(config, access_log))
 
 
 def load_off_thread(config: EngineConfig) -> Engine:
@@ -85,8 +91,35 @@ def load_off_thread(config: EngineConfig) -> Engine:
     return result[0]
 
 
-async def _serve(app: QuartTrio, hyper: HypercornConfig) -> None:
-    await hypercorn_serve(app, hyper, shutdown_trigger=shutdown_trigger(app, _signalled))
+async def serve_app(app: QuartTrio, hyper: HypercornConfig,
+                    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> int:
+    """Serve ``app`` until SIGINT, SIGTERM or an engine failure, then drain it.
+
+    Args:
+        app: An app from :func:`create_app`.
+        hyper: Hypercorn settings.
+        task_status: Receives the bound URLs once listening.
+
+    Returns:
+        0 after a signal, 1 when the engine failed.
+    """
+    state: ServerState = app.extensions["infer"]
+
+    async def signal_or_failure() -> None:
+        async with trio.open_nursery() as nursery:
+            for wait in (_signalled, state.failed.wait):
+                nursery.start_soon(_first, wait, nursery.cancel_scope)
+        if state.failed.is_set():
+            log.error("the engine failed; shutting down")
+
+    await hypercorn_serve(app, hyper, shutdown_trigger=shutdown_trigger(app, signal_or_failure),
+                          task_status=task_status)
+    return 1 if state.failed.is_set() else 0
+
+
+async def _first(wait: Callable[[], Awaitable[object]], scope: trio.CancelScope) -> None:
+    await wait()
+    scope.cancel()
 
 
 async def _signalled() -> None:

@@ -78,6 +78,7 @@ class ServerState:
         self.streams = StreamCounter()
         self.inspect_limiter = trio.CapacityLimiter(1)  # attention forwards, one at a time
         self.status = Status.LOADING
+        self.failed = trio.Event()  # set when loading or the engine loop failed
         self._scope = trio.CancelScope()
         self._stopped: trio.Event | None = None
 
@@ -100,7 +101,7 @@ class ServerState:
             return self.engine, self.worker
         reason = {
             Status.LOADING: ("the model is still loading", "not_ready"),
-            Status.FAILED: ("the model failed to load", "not_ready"),
+            Status.FAILED: ("the model failed to load or the engine failed", "not_ready"),
         }.get(self.status, ("the server is shutting down", "shutting_down"))
         raise APIError(503, reason[0], reason[1], {"Retry-After": RETRY_AFTER_S})
 
@@ -123,6 +124,8 @@ class ServerState:
                     if self.status == Status.LOADING:
                         self.status = Status.READY
                         log.info("serving %s", self.engine.model_name)
+                if worker.failed:
+                    self._fail("the engine failed; the server must be restarted")
         finally:
             if self.status != Status.FAILED:
                 self.status = Status.STOPPED
@@ -136,8 +139,13 @@ class ServerState:
                                                  abandon_on_cancel=True)
         except Exception:
             log.exception("cannot load model %s", config.model)
-            self.status = Status.FAILED
+            self._fail("the model failed to load")
             return None
+
+    def _fail(self, why: str) -> None:
+        log.error("%s; /health answers 503 failed", why)
+        self.status = Status.FAILED
+        self.failed.set()
 
     def begin_drain(self) -> None:
         """Refuse new requests and stop the worker, which ends every open request."""

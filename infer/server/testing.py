@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, cast
 
@@ -213,3 +213,64 @@ class GatedModel(nn.Module):
     def forward_paged(self, *args: Any, **kwargs: Any) -> Any:
         self.gate.wait_turn()
         return self.inner.forward_paged(*args, **kwargs)  # type: ignore[operator]
+
+
+@dataclass
+class Stream:
+    """What a client saw of one streamed request."""
+
+    status: int | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    error: dict[str, Any] | None = None  # the JSON body of a refused request
+    events: list[SSEEvent] = field(default_factory=list)
+    ended: bool = False
+
+    def named(self, name: str) -> list[dict[str, Any]]:
+        return [e.json() for e in self.events if e.event == name]
+
+    def terminals(self) -> list[str]:
+        return [e.event for e in self.events if e.event in ("done", "error")]
+
+    def text(self) -> str:
+        return "".join(t["token"] for t in self.named("token"))
+
+
+async def read_stream(client: httpx.AsyncClient, path: str, body: dict, out: Stream) -> None:
+    """POST and record the status, then every event until the server ends the stream."""
+    async with client.stream("POST", path, json=body) as r:
+        out.status, out.headers = r.status_code, dict(r.headers)
+        if r.status_code != 200:
+            out.error = json.loads(await r.aread())
+        else:
+            async for event in iter_sse(r):
+                out.events.append(event)
+    out.ended = True
+
+
+async def metrics(client: httpx.AsyncClient) -> dict[str, float]:
+    """The server's ``/metrics`` as ``{name{labels}: value}``."""
+    text = (await client.get("/metrics")).text
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines() if line and not line.startswith("#")}
+
+
+async def step_until(gate: StepGate, done: Callable[[], Awaitable[bool] | bool],
+                     max_steps: int = 100) -> int:
+    """Let single engine steps through a closed gate until ``done``; return how many."""
+    steps = 0
+    while True:
+        result = done()
+        if not isinstance(result, bool):
+            result = await result
+        if result:
+            return steps
+        if steps >= max_steps:
+            raise AssertionError(f"condition not reached in {max_steps} steps")
+        before = gate.passed
+        gate.allow(1)
+        await wait_for(partial(_passed_and_blocked, gate, before))
+        steps += 1
+
+
+def _passed_and_blocked(gate: StepGate, before: int) -> bool:
+    return gate.passed > before and gate.blocked

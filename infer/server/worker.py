@@ -13,6 +13,7 @@ step loop: when its bounded output channel is full, its outputs are coalesced; p
 
 from __future__ import annotations
 
+import logging
 import math
 import uuid
 from dataclasses import dataclass, field, replace
@@ -23,6 +24,8 @@ import trio
 from infer.engine.engine import Engine, QueueFullError
 from infer.engine.request import StepOutput, TraceSpec
 from infer.engine.sampler import SamplingParams
+
+log = logging.getLogger("infer.server")
 
 
 @dataclass
@@ -104,6 +107,7 @@ class EngineWorker:
         self._engine_waiting = 0
         self.running = 0
         self.ready = False
+        self.failed = False  # the engine loop itself raised; every stream was ended
 
     @property
     def waiting(self) -> int:
@@ -136,15 +140,25 @@ class EngineWorker:
         return RequestHandle(self, request_id, stream, receive)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Run the engine loop in a worker thread until cancelled; then end every stream."""
+        """Run the engine loop in a worker thread until cancelled; then end every stream.
+
+        Cancelled, every open request ends ``CANCELLED``. If the loop itself raises (a bug
+        outside any one request), the traceback is logged, every open request ends
+        ``INFERENCE_FAILED``, :attr:`failed` is set and this returns.
+        """
+        reason, code, message = "abort", "CANCELLED", "the server is shutting down"
         try:
             self.ready = True
             task_status.started()
             await trio.to_thread.run_sync(self._loop, limiter=trio.CapacityLimiter(1))
+        except Exception:
+            log.exception("the engine loop failed; ending every open request")
+            self.failed = True
+            reason, code, message = "error", "INFERENCE_FAILED", "the engine failed"
         finally:
             self.ready = False
             for request_id in list(self._streams):
-                self._terminate(request_id, "abort", "CANCELLED", "the server is shutting down")
+                self._terminate(request_id, reason, code, message)
 
     # --- engine thread -------------------------------------------------------------------
 
