@@ -28,7 +28,7 @@ from infer.server.errors import APIError
 from infer.server.limits import check_prompt_size
 from infer.server.schemas import ChatMessage, SamplingFields
 from infer.server.state import RETRY_AFTER_S, ServerState
-from infer.server.worker import RequestHandle
+from infer.server.worker import RequestHandle, WorkerStoppedError
 
 log = logging.getLogger("infer.server")
 
@@ -159,10 +159,15 @@ async def start(state: ServerState, sub: Submission, arrival: float) -> Generati
             encode_prompt, engine, sub.prompt, sub.messages, state.config.max_prompt_bytes)
         params = _sampling_params(engine, sub, len(ids))
         _check_trace(engine, sub.trace)
+        state.require_ready()  # a drain or an engine failure may have begun meanwhile
         try:
             handle = worker.submit(ids, params, sub.trace, _timeout(state, sub.timeout_s))
         except QueueFullError as e:
             raise APIError(503, f"the server is busy ({e}); retry shortly", "queue_full",
+                           {"Retry-After": RETRY_AFTER_S}) from None
+        except WorkerStoppedError:
+            state.require_ready()
+            raise APIError(503, "the server is shutting down", "shutting_down",
                            {"Retry-After": RETRY_AFTER_S}) from None
     except APIError as e:
         state.metrics.rejected[e.code] += 1

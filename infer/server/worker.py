@@ -28,6 +28,10 @@ from infer.engine.sampler import SamplingParams
 log = logging.getLogger("infer.server")
 
 
+class WorkerStoppedError(Exception):
+    """The engine loop is not running (not started yet, shut down, or failed)."""
+
+
 @dataclass
 class _Submission:
     request_id: str
@@ -124,8 +128,11 @@ class EngineWorker:
         """Queue a request without blocking.
 
         Raises:
+            WorkerStoppedError: The engine loop is not running: nothing would serve it.
             QueueFullError: ``max_waiting_requests`` are already waiting.
         """
+        if not self.ready:
+            raise WorkerStoppedError("the engine is not running")
         if self.waiting >= self.engine.config.max_waiting_requests:
             raise QueueFullError("the request queue is full")
         request_id = f"req-{uuid.uuid4().hex[:20]}"

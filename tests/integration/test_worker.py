@@ -9,7 +9,7 @@ from infer.engine.config import EngineConfig
 from infer.engine.engine import Engine, QueueFullError
 from infer.engine.request import StepOutput
 from infer.engine.sampler import SamplingParams
-from infer.server.worker import EngineWorker
+from infer.server.worker import EngineWorker, WorkerStoppedError
 
 
 def _worker(model, tokenizer, **kw) -> EngineWorker:
@@ -88,11 +88,12 @@ async def test_slow_reader_is_coalesced_then_ended(tiny_model, default_tokenizer
 
 async def test_queue_full_is_refused_at_once(tiny_model, default_tokenizer) -> None:
     worker = _worker(tiny_model, default_tokenizer, max_batch_size=1, max_waiting_requests=2)
-    handles = [worker.submit([1, 2], _params(4)), worker.submit([1, 2], _params(4))]
-    with pytest.raises(QueueFullError):
-        worker.submit([1, 2], _params(4))
     async with trio.open_nursery() as nursery:
         await nursery.start(worker.run)
+        # No checkpoint between the submits: the engine thread cannot take any of them.
+        handles = [worker.submit([1, 2], _params(4)), worker.submit([1, 2], _params(4))]
+        with pytest.raises(QueueFullError):
+            worker.submit([1, 2], _params(4))
         for h in handles:
             assert (await _collect(h))[-1].finish_reason == "length"
         nursery.cancel_scope.cancel()
@@ -118,3 +119,16 @@ async def test_shutdown_ends_every_stream(tiny_model, default_tokenizer) -> None
     for h in handles:
         outs = await _collect(h)
         assert outs[-1].finished and outs[-1].error_code == "CANCELLED"
+
+
+async def test_submit_is_refused_once_the_loop_has_stopped(tiny_model, default_tokenizer) -> None:
+    worker = _worker(tiny_model, default_tokenizer)
+    with pytest.raises(WorkerStoppedError):
+        worker.submit([1, 2], _params(4))  # not started yet
+    async with trio.open_nursery() as nursery:
+        await nursery.start(worker.run)
+        assert (await _collect(worker.submit([1, 2], _params(2))))[-1].finish_reason == "length"
+        nursery.cancel_scope.cancel()
+    with pytest.raises(WorkerStoppedError):
+        worker.submit([1, 2], _params(4))
+    assert worker._streams == {}

@@ -1,0 +1,67 @@
+"""A request's life at the edges: submitted while the server stops, a response never read,
+a drain that begins mid-step. Real Hypercorn, a tiny model, and gates that hold the
+tokenizer or the engine so that each edge is a state the test holds, not a race."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import httpx
+import trio
+from transformers import PreTrainedTokenizerBase
+
+from infer.engine.config import EngineConfig
+from infer.engine.engine import Engine
+from infer.models.base import CausalLM
+from infer.server.app import create_app
+from infer.server.config import ServerConfig
+from infer.server.testing import Stream, read_stream, running_server, wait_for
+
+PROMPT = "The quick brown fox jumps over the lazy dog"
+HOLD = "HOLD "  # a prompt starting with this waits in the tokenizer until released
+
+
+class HeldTokenizer:
+    """The real tokenizer, except that encoding a prompt that starts with HOLD waits."""
+
+    def __init__(self, inner: PreTrainedTokenizerBase) -> None:
+        self._inner = inner
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def encode(self, text: Any, *args: Any, **kwargs: Any) -> list[int]:
+        if isinstance(text, str) and text.startswith(HOLD):
+            self.entered.set()
+            self.release.wait(timeout=120)
+        return list(self._inner.encode(text, *args, **kwargs))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def native(max_tokens: int, prompt: str = PROMPT, **extra: Any) -> dict[str, Any]:
+    return {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0} | extra
+
+
+async def test_a_request_tokenizing_when_the_drain_begins_is_refused(
+        tiny_model: CausalLM, default_tokenizer: PreTrainedTokenizerBase) -> None:
+    tokenizer = HeldTokenizer(default_tokenizer)
+    config = EngineConfig(max_seq_len=512, max_batch_size=4)
+    engine = Engine(config, tiny_model, tokenizer, [], "tiny")  # type: ignore[arg-type]
+    app = create_app(ServerConfig(engine=config), engine)
+    state = app.extensions["infer"]
+    held = Stream()
+    # A long graceful timeout: Hypercorn waits for the held request instead of cutting it.
+    async with running_server(app, graceful_timeout_s=120) as server, httpx.AsyncClient(
+            base_url=server.url, timeout=120) as client:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(read_stream, client, "/v1/generate", native(50, HOLD + PROMPT),
+                               held)
+            await wait_for(tokenizer.entered.is_set)
+            server.shutdown()
+            await wait_for(lambda: state.worker is not None and not state.worker.ready)
+            tokenizer.release.set()
+    assert held.status == 503, held
+    assert held.error is not None and held.error["error"]["code"] == "shutting_down"
+    assert state.worker._streams == {}
