@@ -22,7 +22,7 @@ from quart_trio import QuartTrio
 from infer import __version__
 from infer.engine.engine import Engine
 from infer.server import events, inspect, limits, openai, openapi, tokenize
-from infer.server.body_guard import BodyGuard
+from infer.server.asgi import RequestGuard
 from infer.server.config import ServerConfig
 from infer.server.errors import register_error_handlers
 from infer.server.metrics import CONTENT_TYPE
@@ -49,7 +49,7 @@ def create_app(config: ServerConfig | None = None, engine: Engine | None = None)
         RESPONSE_TIMEOUT=None,  # Quart's 60 s default would cut long streams silently
         MAX_CONTENT_LENGTH=config.max_body_bytes,
     )
-    app.asgi_app = BodyGuard(app.asgi_app)  # type: ignore[method-assign,assignment]
+    app.asgi_app = RequestGuard(app.asgi_app)  # type: ignore[method-assign,assignment]
     state = ServerState(config, engine)
     app.extensions["infer"] = state
     register_error_handlers(app)

@@ -12,9 +12,9 @@ import json
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import trio
 from pydantic import BaseModel, ValidationError
@@ -24,6 +24,7 @@ from infer.engine.engine import Engine, QueueFullError
 from infer.engine.grammar import Grammar
 from infer.engine.request import StepOutput, TraceSpec
 from infer.engine.sampler import SamplingParams
+from infer.server.asgi import on_request_end
 from infer.server.errors import APIError
 from infer.server.limits import check_prompt_size
 from infer.server.schemas import ChatMessage, SamplingFields
@@ -172,7 +173,9 @@ async def start(state: ServerState, sub: Submission, arrival: float) -> Generati
     except APIError as e:
         state.metrics.rejected[e.code] += 1
         raise
-    return Generation(state, handle, len(ids), arrival)
+    gen = Generation(state, handle, len(ids), arrival)
+    on_request_end(cast(MutableMapping[str, Any], request.scope), gen.close)
+    return gen
 
 
 def check_model(state: ServerState, model: str | None) -> None:
@@ -221,10 +224,12 @@ def _timeout(state: ServerState, requested: float | None) -> float | None:
 
 
 class Generation:
-    """A submitted request as its HTTP task reads it; use it as a context manager.
+    """A submitted request as its HTTP task reads it.
 
-    Leaving the ``with`` block before the last output aborts the request in the engine and
-    counts a client disconnect (the task was cancelled because the client went away).
+    It guards the request from the moment of submission: unless the last output was read,
+    :meth:`close` aborts the request in the engine. ``with gen:`` closes it when the
+    response body ends, and the request's end closes it in any case (a response whose body
+    was never iterated, a client that went away first), so no request decodes unread.
     """
 
     def __init__(self, state: ServerState, handle: RequestHandle, prompt_tokens: int,
@@ -241,12 +246,20 @@ class Generation:
         self.first_token_at: float | None = None
         self._last_token_at = arrival
         self._deadline_at_start = trio.current_effective_deadline()
+        self._closed = False
+        state.streams.enter()
 
     def __enter__(self) -> Generation:
-        self.state.streams.enter()
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop guarding; abort the request unless it finished (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
         self.state.streams.leave()
         if not self.finished:
             self.handle.abort()

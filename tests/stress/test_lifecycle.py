@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 import trio
+from quart import request
 from transformers import PreTrainedTokenizerBase
 
 from infer.engine.config import EngineConfig
@@ -16,7 +17,14 @@ from infer.engine.engine import Engine
 from infer.models.base import CausalLM
 from infer.server.app import create_app
 from infer.server.config import ServerConfig
-from infer.server.testing import Stream, read_stream, running_server, wait_for
+from infer.server.testing import (
+    StepGate,
+    Stream,
+    metrics,
+    read_stream,
+    running_server,
+    wait_for,
+)
 
 PROMPT = "The quick brown fox jumps over the lazy dog"
 HOLD = "HOLD "  # a prompt starting with this waits in the tokenizer until released
@@ -65,3 +73,45 @@ async def test_a_request_tokenizing_when_the_drain_begins_is_refused(
     assert held.status == 503, held
     assert held.error is not None and held.error["error"]["code"] == "shutting_down"
     assert state.worker._streams == {}
+
+
+async def test_a_response_never_sent_aborts_its_request(tiny_app) -> None:
+    """A failure between submission and the response body (here an after_request hook)
+    means the body is never iterated; the request must still be aborted at once."""
+    gate = StepGate()
+    app = tiny_app(gate=gate)
+
+    @app.after_request
+    async def _break(response: Any) -> Any:
+        if request.headers.get("X-Break"):
+            raise RuntimeError("a bug after the route returned")
+        return response
+
+    async with running_server(app) as server, httpx.AsyncClient(
+            base_url=server.url, timeout=120) as client:
+        with gate:
+            gate.close()
+            for path, body in (("/v1/generate", native(300)),
+                               ("/v1/completions", native(300, model="tiny", stream=True))):
+                r = await client.post(path, json=body, headers={"X-Break": "1"})
+                assert r.status_code == 500
+                # Aborted within a step or two, not decoded to max_tokens with no reader.
+                await _step_until_idle(gate, app, max_steps=3)
+        stats = await metrics(client)
+    assert stats['infer_requests_total{finish_reason="abort"}'] == 2
+
+
+def _idle(app: Any) -> bool:
+    """No request is left: none known to the worker, none in the engine."""
+    state = app.extensions["infer"]
+    return not state.worker._streams and not state.engine.has_work()
+
+
+async def _step_until_idle(gate: StepGate, app: Any, max_steps: int) -> None:
+    for _ in range(max_steps):
+        if _idle(app):
+            return
+        before = gate.passed
+        gate.allow(1)
+        await wait_for(lambda before=before: _idle(app) or (gate.passed > before and gate.blocked))
+    assert _idle(app), f"still running after {max_steps} steps"

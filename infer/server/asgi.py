@@ -1,7 +1,12 @@
-"""An ASGI wrapper that keeps a connection usable after a response that left its body unread.
+"""An ASGI wrapper around the app: what must happen when a request ends, however it ends.
 
-When the app answers before it has read the whole request body (413 for a body over the
-limit, 401 before a body is looked at), two things go wrong under Hypercorn's trio worker:
+**Cleanup.** Code handling a request registers callbacks with :func:`on_request_end`; they
+run when the ASGI call for that request returns, whether the response was sent, failed, or
+was cancelled by a client disconnect, and whether or not its body was ever iterated.
+
+**Unread bodies.** When the app answers before it has read the whole request body (413 for
+a body over the limit, 401 before a body is looked at), two things go wrong under
+Hypercorn's trio worker:
 
 - Hypercorn only recycles a keep-alive connection once the client has sent its whole
   request; until then the next request on the connection waits, unanswered.
@@ -18,10 +23,13 @@ cancellation either way, so Hypercorn always finishes what it does at the end of
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 import trio
+
+log = logging.getLogger("infer.server")
 
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -33,9 +41,21 @@ ASGIApp = Callable[..., Awaitable[None]]
 DISCARD_LIMIT_BYTES = 64 * 1024 * 1024
 DISCARD_WAIT_S = 5.0
 
+_CLEANUP_KEY = "infer.on_request_end"
 
-class BodyGuard:
-    """Wrap an ASGI app (``app.asgi_app = BodyGuard(app.asgi_app)``).
+
+def on_request_end(scope: MutableMapping[str, Any], callback: Callable[[], None]) -> None:
+    """Run ``callback`` (synchronous, quick) when the request of ``scope`` ends.
+
+    Args:
+        scope: The request's ASGI scope (``quart.request.scope``).
+        callback: Called once, in the request's task, after the app's ASGI call returns.
+    """
+    scope.setdefault(_CLEANUP_KEY, []).append(callback)
+
+
+class RequestGuard:
+    """Wrap an ASGI app (``app.asgi_app = RequestGuard(app.asgi_app)``).
 
     Args:
         app: The ASGI callable to wrap.
@@ -55,7 +75,18 @@ class BodyGuard:
             await self.app(scope, receive, send)
             return
         exchange = _Exchange(receive, send, self.discard_limit_bytes, self.discard_wait_s)
-        await self.app(scope, exchange.receive, exchange.send)
+        try:
+            await self.app(scope, exchange.receive, exchange.send)
+        finally:
+            _run_cleanup(scope)
+
+
+def _run_cleanup(scope: MutableMapping[str, Any]) -> None:
+    for callback in scope.pop(_CLEANUP_KEY, ()):
+        try:
+            callback()
+        except Exception:  # noqa: BLE001 - one failing callback must not skip the others
+            log.exception("request cleanup failed")
 
 
 class _Exchange:
