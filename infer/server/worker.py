@@ -108,15 +108,24 @@ class EngineWorker:
         self._streams: dict[str, _Stream] = {}
         self._aborts: list[str] = []
         self._activity = trio.Event()
-        self._engine_waiting = 0
-        self.running = 0
+        self._in_transit = 0  # taken from the channel, not yet in the engine's queue
         self.ready = False
         self.failed = False  # the engine loop itself raised; every stream was ended
 
     @property
     def waiting(self) -> int:
-        """Requests queued and not yet running (in the channel or the engine's queue)."""
-        return self._submit_send.statistics().current_buffer_used + self._engine_waiting
+        """Requests queued and not yet running (in the channel or the engine's queue).
+
+        The engine's counts are read live (a ``len`` from the other thread is atomic), so a
+        request counts as running from the moment the scheduler admits it, mid-step.
+        """
+        queued = self._submit_send.statistics().current_buffer_used
+        return queued + self._in_transit + self.engine.num_waiting
+
+    @property
+    def running(self) -> int:
+        """Requests the engine is prefilling or decoding."""
+        return self.engine.num_running
 
     def submit(
         self,
@@ -180,6 +189,7 @@ class EngineWorker:
                     trio.from_thread.run(self._wait_for_activity)
                 submissions, aborts = trio.from_thread.run_sync(self._exchange, outputs)
                 outputs = self._admit(submissions)
+                self._in_transit = 0
                 for request_id in aborts:
                     self.engine.abort(request_id)
                 outputs += self.engine.step()
@@ -218,8 +228,7 @@ class EngineWorker:
             except trio.WouldBlock:
                 break
         aborts, self._aborts = self._aborts, []
-        self.running = self.engine.num_running
-        self._engine_waiting = self.engine.num_waiting + len(submissions)
+        self._in_transit = len(submissions)
         return submissions, aborts
 
     def _deliver(self, out: StepOutput) -> None:

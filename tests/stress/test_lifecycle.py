@@ -115,3 +115,38 @@ async def _step_until_idle(gate: StepGate, app: Any, max_steps: int) -> None:
         gate.allow(1)
         await wait_for(lambda before=before: _idle(app) or (gate.passed > before and gate.blocked))
     assert _idle(app), f"still running after {max_steps} steps"
+
+
+async def test_waiting_counts_only_what_waits(tiny_app) -> None:
+    """Requests admitted this step are running, not waiting: no early 503, true gauges."""
+    gate = StepGate()
+    app = tiny_app(gate=gate, engine={"max_batch_size": 4, "max_waiting_requests": 2})
+    runs = [Stream() for _ in range(4)]
+    async with running_server(app) as server, httpx.AsyncClient(
+            base_url=server.url, timeout=120) as client:
+        with gate:
+            gate.close()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(read_stream, client, "/v1/generate", native(8), runs[0])
+                await wait_for(lambda: gate.blocked)  # the first one is in its first forward
+                for s in runs[1:3]:
+                    nursery.start_soon(read_stream, client, "/v1/generate", native(8), s)
+                await wait_for(lambda: _gauges(app)[1] == 2)  # two wait in the queue
+                before = gate.passed
+                gate.allow(1)  # the next step admits both: three run, none waits
+                await wait_for(lambda: gate.passed > before and gate.blocked)
+                assert _gauges(app) == (3, 0)
+                health = (await client.get("/health")).json()
+                assert (health["running"], health["waiting"]) == (3, 0)
+                stats = await metrics(client)
+                assert (stats["infer_requests_running"], stats["infer_requests_waiting"]) == (3, 0)
+                nursery.start_soon(read_stream, client, "/v1/generate", native(8), runs[3])
+                await wait_for(lambda: runs[3].status is not None or _gauges(app) == (3, 1))
+                gate.open()
+    for s in runs:
+        assert s.status == 200 and s.terminals() == ["done"], s.error
+
+
+def _gauges(app: Any) -> tuple[int, int]:
+    worker = app.extensions["infer"].worker
+    return worker.running, worker.waiting
