@@ -187,12 +187,21 @@ class EngineWorker:
                 trio.from_thread.check_cancelled()
                 if not outputs and not self.engine.has_work():
                     trio.from_thread.run(self._wait_for_activity)
+                elif not outputs and self._holding_a_batch():
+                    # Static mode gathers a batch: sleep until a request comes or the
+                    # gathering time is up, rather than stepping in a tight loop.
+                    trio.from_thread.run(self._wait_for_activity,
+                                         self.engine.config.batch_wait_timeout_s)
                 submissions, aborts = trio.from_thread.run_sync(self._exchange, outputs)
                 outputs = self._admit(submissions)
                 self._in_transit = 0
                 for request_id in aborts:
                     self.engine.abort(request_id)
                 outputs += self.engine.step()
+
+    def _holding_a_batch(self) -> bool:
+        """Requests wait although nothing runs: the scheduler is gathering a batch."""
+        return self.engine.num_running == 0 and self.engine.num_waiting > 0
 
     def _admit(self, submissions: list[_Submission]) -> list[StepOutput]:
         """Add new requests to the engine; a refused one gets its terminal output at once."""
@@ -208,8 +217,9 @@ class EngineWorker:
 
     # --- event loop side (called through from_thread) -------------------------------------
 
-    async def _wait_for_activity(self) -> None:
-        await self._activity.wait()
+    async def _wait_for_activity(self, timeout_s: float = math.inf) -> None:
+        with trio.move_on_after(timeout_s):
+            await self._activity.wait()
 
     def _exchange(self, outputs: list[StepOutput]) -> tuple[list[_Submission], list[str]]:
         """Deliver a step's outputs; take the submissions and aborts that arrived."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import trio
 
@@ -132,3 +134,26 @@ async def test_submit_is_refused_once_the_loop_has_stopped(tiny_model, default_t
     with pytest.raises(WorkerStoppedError):
         worker.submit([1, 2], _params(4))
     assert worker._streams == {}
+
+
+async def test_static_batch_wait_does_not_spin(tiny_model, default_tokenizer) -> None:
+    """While a partial static batch waits for more requests, the engine thread sleeps."""
+    worker = _worker(tiny_model, default_tokenizer, batching_mode="static",
+                     batch_wait_timeout_s=0.5)
+    hops = 0
+    exchange = worker._exchange
+
+    def counted(outputs: list[StepOutput]) -> Any:
+        nonlocal hops
+        hops += 1
+        return exchange(outputs)
+
+    worker._exchange = counted  # type: ignore[method-assign]
+    async with trio.open_nursery() as nursery:
+        await nursery.start(worker.run)
+        outs = await _collect(worker.submit([1, 2, 3], _params(4)))
+        nursery.cancel_scope.cancel()
+    assert outs[-1].finish_reason == "length"
+    # One hop to take the request, one when the batch wait ends, one per step (5): not
+    # one per loop turn for half a second.
+    assert hops <= 12, hops
