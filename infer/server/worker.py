@@ -163,41 +163,61 @@ class EngineWorker:
         ``INFERENCE_FAILED``, :attr:`failed` is set and this returns.
         """
         reason, code, message = "abort", "CANCELLED", "the server is shutting down"
+        leftover: list[StepOutput] = []
         try:
             self.ready = True
             task_status.started()
-            await trio.to_thread.run_sync(self._loop, limiter=trio.CapacityLimiter(1))
+            leftover = await trio.to_thread.run_sync(self._loop,
+                                                     limiter=trio.CapacityLimiter(1))
         except Exception:
             log.exception("the engine loop failed; ending every open request")
             self.failed = True
             reason, code, message = "error", "INFERENCE_FAILED", "the engine failed"
         finally:
             self.ready = False
+            for out in leftover:  # what the step under way when cancelled produced
+                self._deliver(out)
             for request_id in list(self._streams):
                 self._terminate(request_id, reason, code, message)
 
     # --- engine thread -------------------------------------------------------------------
 
-    def _loop(self) -> None:
+    def _loop(self) -> list[StepOutput]:
+        """Exchange with the event loop, admit, step; until cancelled.
+
+        Returns:
+            Once cancelled, the last step's outputs, not yet delivered: a drain that begins
+            mid-step still delivers what that step produced, and admits nothing new.
+        """
         if self.engine.config.num_threads:
             torch.set_num_threads(self.engine.config.num_threads)
         outputs: list[StepOutput] = []
         with torch.inference_mode():
-            while True:
-                trio.from_thread.check_cancelled()
-                if not outputs and not self.engine.has_work():
-                    trio.from_thread.run(self._wait_for_activity)
-                elif not outputs and self._holding_a_batch():
-                    # Static mode gathers a batch: sleep until a request comes or the
-                    # gathering time is up, rather than stepping in a tight loop.
-                    trio.from_thread.run(self._wait_for_activity,
-                                         self.engine.config.batch_wait_timeout_s)
-                submissions, aborts = trio.from_thread.run_sync(self._exchange, outputs)
+            while not _cancelled() and self._wait_for_work(outputs):
+                exchanged = trio.from_thread.run_sync(self._exchange, outputs)
+                if exchanged is None:  # cancelled meanwhile: outputs delivered, none taken
+                    return []
+                submissions, aborts = exchanged
                 outputs = self._admit(submissions)
                 self._in_transit = 0
                 for request_id in aborts:
                     self.engine.abort(request_id)
                 outputs += self.engine.step()
+        return outputs
+
+    def _wait_for_work(self, outputs: list[StepOutput]) -> bool:
+        """Sleep in the event loop while there is nothing to step; False once cancelled."""
+        try:
+            if not outputs and not self.engine.has_work():
+                trio.from_thread.run(self._wait_for_activity)
+            elif not outputs and self._holding_a_batch():
+                # Static mode gathers a batch: sleep until a request comes or the
+                # gathering time is up, rather than stepping in a tight loop.
+                trio.from_thread.run(self._wait_for_activity,
+                                     self.engine.config.batch_wait_timeout_s)
+        except trio.Cancelled:
+            return False
+        return True
 
     def _holding_a_batch(self) -> bool:
         """Requests wait although nothing runs: the scheduler is gathering a batch."""
@@ -221,11 +241,17 @@ class EngineWorker:
         with trio.move_on_after(timeout_s):
             await self._activity.wait()
 
-    def _exchange(self, outputs: list[StepOutput]) -> tuple[list[_Submission], list[str]]:
-        """Deliver a step's outputs; take the submissions and aborts that arrived."""
+    def _exchange(self, outputs: list[StepOutput]
+                  ) -> tuple[list[_Submission], list[str]] | None:
+        """Deliver a step's outputs; take the submissions and aborts that arrived.
+
+        Returns ``None`` when the worker is being cancelled: nothing new is taken.
+        """
         self._activity = trio.Event()
         for out in outputs:
             self._deliver(out)
+        if trio.current_effective_deadline() == -math.inf:  # our scope was cancelled
+            return None
         now = trio.current_time()
         for request_id, stream in self._streams.items():
             if now >= stream.deadline and not stream.timed_out:
@@ -291,6 +317,15 @@ class EngineWorker:
             stream.closed = True
             self._aborts.append(request_id)
             self._activity.set()
+
+
+def _cancelled() -> bool:
+    """Whether the engine thread's ``to_thread`` call has been cancelled (engine thread)."""
+    try:
+        trio.from_thread.check_cancelled()
+    except trio.Cancelled:
+        return True
+    return False
 
 
 def _merge(a: StepOutput, b: StepOutput) -> StepOutput:

@@ -23,6 +23,7 @@ from infer.server.testing import (
     metrics,
     read_stream,
     running_server,
+    step_until,
     wait_for,
 )
 
@@ -150,3 +151,34 @@ async def test_waiting_counts_only_what_waits(tiny_app) -> None:
 def _gauges(app: Any) -> tuple[int, int]:
     worker = app.extensions["infer"].worker
     return worker.running, worker.waiting
+
+
+async def test_a_drain_mid_step_delivers_that_step_and_admits_nothing(tiny_app) -> None:
+    gate = StepGate()
+    app = tiny_app(gate=gate)
+    state = app.extensions["infer"]
+    ending, running, queued = Stream(), Stream(), Stream()
+    with gate:
+        async with running_server(app) as server, httpx.AsyncClient(
+                base_url=server.url, timeout=120) as client:
+            gate.close()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(read_stream, client, "/v1/generate", native(3), ending)
+                nursery.start_soon(read_stream, client, "/v1/generate", native(300), running)
+                await wait_for(lambda: gate.blocked)
+                await step_until(gate, lambda: len(ending.named("token")) == 2
+                                 and len(running.named("token")) == 2)
+                # The engine waits in the step that ends `ending`; `queued` comes meanwhile.
+                nursery.start_soon(read_stream, client, "/v1/generate", native(5), queued)
+                await wait_for(lambda: queued.status is not None)
+                server.shutdown()
+                await wait_for(lambda: state.status == "draining")
+                passed = gate.passed
+                gate.open()
+            forwards_after_drain = gate.passed - passed
+    assert ending.terminals() == ["done"] and len(ending.named("token")) == 3
+    assert running.terminals() == ["error"]
+    assert running.named("error")[0]["code"] == "CANCELLED"
+    assert queued.status == 200 and queued.terminals() == ["error"]
+    assert queued.named("error")[0]["code"] == "CANCELLED" and not queued.named("token")
+    assert forwards_after_drain == 1  # only the step already under way
