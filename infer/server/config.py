@@ -28,7 +28,8 @@ class ServerConfig:
         max_timeout_s: Longest a generation may run; caps each request's ``timeout_s``
             (``None``: no cap).
         output_buffer: Outputs queued per stream before the worker starts coalescing.
-        max_pending_tokens: Tokens a reader may fall behind before its stream is ended.
+        max_pending_tokens: Tokens a reader may fall behind before its stream is ended
+            (keep it under ``max_seq_len``, or it can never fire).
         max_inspect_tokens: Longest prompt ``/v1/inspect/attention`` accepts.
         drain_timeout_s: At shutdown, how long to wait for streams to send their last event.
         engine: The engine's own configuration (model, batching, queue length).
@@ -48,7 +49,7 @@ class ServerConfig:
     heartbeat_s: float = 15.0
     max_timeout_s: float | None = 600.0
     output_buffer: int = 64
-    max_pending_tokens: int = 4096
+    max_pending_tokens: int = 1024
     max_inspect_tokens: int = 512
     drain_timeout_s: float = 10.0
     engine: EngineConfig = field(default_factory=EngineConfig)

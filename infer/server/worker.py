@@ -98,7 +98,7 @@ class EngineWorker:
     """Runs the engine in one thread and routes its outputs to request streams."""
 
     def __init__(
-        self, engine: Engine, *, output_buffer: int = 64, max_pending_tokens: int = 4096
+        self, engine: Engine, *, output_buffer: int = 64, max_pending_tokens: int = 1024
     ) -> None:
         self.engine = engine
         self.output_buffer = output_buffer
@@ -287,8 +287,9 @@ class EngineWorker:
                 return
             except trio.WouldBlock:
                 pass
-        if stream.pending and not stream.pending[-1].finished:
-            stream.pending[-1] = _merge(stream.pending[-1], out)
+        last = stream.pending[-1] if stream.pending else None
+        if last is not None and _mergeable(last) and _mergeable(out):
+            stream.pending[-1] = _merge(last, out)
         else:
             stream.pending.append(out)
         stream.pending_tokens += 1
@@ -328,11 +329,18 @@ def _cancelled() -> bool:
     return False
 
 
+def _mergeable(out: StepOutput) -> bool:
+    """Whether an output may be folded into a neighbour: only plain text, never the end.
+
+    Outputs with a logprob or a trace stay separate (their per-token data would be lost);
+    the pending-token limit still bounds how many are kept.
+    """
+    return not out.finished and out.logprob is None and out.trace is None
+
+
 def _merge(a: StepOutput, b: StepOutput) -> StepOutput:
-    """One output standing for two consecutive ones (per-token logprobs/traces are dropped)."""
-    return replace(
-        b, text_delta=a.text_delta + b.text_delta, logprob=None, top_logprobs=None, trace=None
-    )
+    """One output standing for two consecutive plain-text ones."""
+    return replace(b, text_delta=a.text_delta + b.text_delta)
 
 
 def _error(s: _Submission, code: str, message: str) -> StepOutput:

@@ -9,8 +9,9 @@ import trio
 
 from infer.engine.config import EngineConfig
 from infer.engine.engine import Engine, QueueFullError
-from infer.engine.request import StepOutput
+from infer.engine.request import StepOutput, TraceSpec
 from infer.engine.sampler import SamplingParams
+from infer.server.config import ServerConfig
 from infer.server.worker import EngineWorker, WorkerStoppedError
 
 
@@ -157,3 +158,21 @@ async def test_static_batch_wait_does_not_spin(tiny_model, default_tokenizer) ->
     # One hop to take the request, one when the batch wait ends, one per step (5): not
     # one per loop turn for half a second.
     assert hops <= 12, hops
+
+
+async def test_a_slow_reader_keeps_every_logprob_and_trace(tiny_model, default_tokenizer) -> None:
+    worker = _worker(tiny_model, default_tokenizer, output_buffer=2, max_pending_tokens=1000)
+    params = SamplingParams(max_new_tokens=30, temperature=0.0, ignore_eos=True, logprobs=2)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(worker.run)
+        slow = worker.submit([1, 2, 3], params, TraceSpec(top_k=3))
+        await _collect(worker.submit([7, 8], _params(40)))  # `slow` finishes meanwhile, unread
+        outs = await _collect(slow)
+        nursery.cancel_scope.cancel()
+    tokens = [o for o in outs if o.token_id is not None]
+    assert outs[-1].completion_tokens == 30 == len(tokens)
+    assert all(o.logprob is not None and o.top_logprobs and o.trace for o in tokens)
+
+
+def test_the_slow_reader_limit_fires_at_default_settings() -> None:
+    assert ServerConfig().max_pending_tokens < EngineConfig().max_seq_len
