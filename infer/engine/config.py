@@ -64,8 +64,8 @@ class EngineConfig:
         for name in ("max_seq_len", "max_batch_size", "prefill_token_budget", "block_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.max_waiting_requests < 0:
-            raise ValueError(f"max_waiting_requests must be >= 0, got {self.max_waiting_requests}")
+        if self.max_waiting_requests < 1:  # 0 would refuse every request
+            raise ValueError(f"max_waiting_requests must be >= 1, got {self.max_waiting_requests}")
         if self.batch_wait_timeout_s < 0:
             raise ValueError(f"batch_wait_timeout_s must be >= 0, got {self.batch_wait_timeout_s}")
         if self.kv_cache_gb is not None and not self.kv_cache_gb > 0:

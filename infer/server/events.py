@@ -62,6 +62,7 @@ async def _events(gen: Generation, metrics_every: int | None) -> AsyncIterator[b
                 frames = sse.HEARTBEAT if out is None else _frames(gen, out, metrics_every)
             except Exception:  # noqa: BLE001 - the stream must still end with one terminal
                 log.exception("stream %s failed", gen.request_id)
+                gen.fail()
                 yield sse.event({"code": "INFERENCE_FAILED", "message": "inference failed"},
                                 "error")
                 return

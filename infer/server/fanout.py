@@ -81,6 +81,11 @@ class Choices:
             scope.cancel()
         self._exits.close()  # aborts the choices that have not finished
 
+    def fail(self) -> None:
+        """The server could not go on with the stream: end every choice as an error."""
+        for gen in self.gens:
+            gen.fail()
+
     async def next(self, wait_s: float | None = None) -> tuple[int, StepOutput] | None:
         """The next output of any choice with its index, or ``None`` after ``wait_s`` quiet.
 

@@ -174,7 +174,9 @@ async def start(state: ServerState, sub: Submission, arrival: float) -> Generati
         state.metrics.rejected[e.code] += 1
         raise
     gen = Generation(state, handle, len(ids), arrival)
-    on_request_end(cast(MutableMapping[str, Any], request.scope), gen.close)
+    # Still open when its request ends, the generation was never read: the response failed
+    # before its body (or the client left in that instant). Counted as an error.
+    on_request_end(cast(MutableMapping[str, Any], request.scope), gen.fail)
     return gen
 
 
@@ -252,19 +254,32 @@ class Generation:
     def __enter__(self) -> Generation:
         return self
 
-    def __exit__(self, *exc_info: Any) -> None:
-        self.close()
+    def __exit__(self, exc_type: type[BaseException] | None, *exc_info: Any) -> None:
+        # Cancelled (a disconnect) or GeneratorExit (the body was dropped) is the client's
+        # doing; an Exception is ours.
+        self.close(client_gone=exc_type is None or not issubclass(exc_type, Exception))
 
-    def close(self) -> None:
-        """Stop guarding; abort the request unless it finished (idempotent)."""
+    def fail(self) -> None:
+        """The server could not go on with this stream (a bug, logged): abort, count an error."""
+        self.close(client_gone=False)
+
+    def close(self, client_gone: bool = True) -> None:
+        """Stop guarding; abort the request unless it finished (idempotent).
+
+        Args:
+            client_gone: Count an unfinished request as a client disconnect; else as an error.
+        """
         if self._closed:
             return
         self._closed = True
         self.state.streams.leave()
         if not self.finished:
             self.handle.abort()
-            self.state.metrics.client_disconnects += 1
-            self.state.metrics.finished["abort"] += 1
+            if client_gone:
+                self.state.metrics.client_disconnects += 1
+                self.state.metrics.finished["abort"] += 1
+            else:
+                self.state.metrics.finished["error"] += 1
 
     async def next(self, wait_s: float | None = None) -> StepOutput | None:
         """The next output, or ``None`` after ``wait_s`` seconds without one (a heartbeat).

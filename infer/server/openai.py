@@ -168,6 +168,7 @@ async def _chunks(choices: Choices, fmt: ChunkFormat, include_usage: bool
                     choices, fmt, *item, include_usage)
             except Exception:  # noqa: BLE001 - the stream must still end with [DONE]
                 log.exception("stream %s failed", choices.request_id)
+                choices.fail()
                 yield sse.event(error_body("inference failed", "server_error",
                                            "inference_failed")) + sse.DONE
                 return

@@ -12,10 +12,12 @@ import httpx
 import trio
 from hypercorn.config import Config as HypercornConfig
 
+from infer.server import events, openai
 from infer.server.serve import serve_app
 from infer.server.testing import (
     StepGate,
     Stream,
+    metrics,
     read_stream,
     running_server,
     step_until,
@@ -148,3 +150,24 @@ async def test_an_engine_loop_failure_stops_infer_serve_with_status_1(tiny_app) 
             await wait_for(lambda: exit_status, timeout_s=60)  # no signal was sent
     assert exit_status == [1]
     _assert_error_terminals(runs)
+
+
+async def test_a_server_error_in_a_stream_is_not_a_client_disconnect(tiny_app, monkeypatch
+                                                                     ) -> None:
+    def broken(*args: Any) -> bytes:
+        raise RuntimeError("a bug while framing events")
+
+    monkeypatch.setattr(events, "_frames", broken)
+    monkeypatch.setattr(openai, "_chunk_frames", broken)
+    app = tiny_app()
+    async with running_server(app) as server, httpx.AsyncClient(
+            base_url=server.url, timeout=120) as client:
+        native_run = await client.post("/v1/generate", json=native(20))
+        openai_run = await client.post("/v1/completions",
+                                       json=native(20, model="tiny", stream=True))
+        stats = await metrics(client)
+    assert native_run.text.count("event: error") == 1
+    assert '"code":"INFERENCE_FAILED"' in native_run.text
+    assert openai_run.text.endswith("data: [DONE]\n\n")
+    assert stats["infer_client_disconnects_total"] == 0
+    assert stats['infer_requests_total{finish_reason="error"}'] == 2

@@ -99,7 +99,8 @@ async def test_a_response_never_sent_aborts_its_request(tiny_app) -> None:
                 # Aborted within a step or two, not decoded to max_tokens with no reader.
                 await _step_until_idle(gate, app, max_steps=3)
         stats = await metrics(client)
-    assert stats['infer_requests_total{finish_reason="abort"}'] == 2
+    assert stats['infer_requests_total{finish_reason="error"}'] == 2
+    assert stats["infer_client_disconnects_total"] == 0
 
 
 def _idle(app: Any) -> bool:

@@ -32,6 +32,7 @@ def test_config_from_env() -> None:
     ({"INFER_PORT": "70000"}, "port"),
     ({"INFER_HEARTBEAT_S": "0"}, "heartbeat_s"),
     ({"INFER_BATCHING_MODE": "eager"}, "batching_mode"),
+    ({"INFER_MAX_WAITING_REQUESTS": "0"}, "max_waiting_requests"),  # would refuse everything
 ])
 def test_config_errors_name_the_variable(env: dict[str, str], name: str) -> None:
     with pytest.raises(ValueError, match=name):
