@@ -73,7 +73,8 @@ async def test_a_failure_after_the_forward_ends_only_that_request(tiny_app) -> N
     assert other.terminals() == ["done"] and other.text() == alone.text()
     assert after.status_code == 200 and after.json()["usage"]["completion_tokens"] == 4
     assert health.json()["status"] == "ready"
-    assert app.extensions["infer"].engine.runner.num_rows_used == 0
+    engine = app.extensions["infer"].engine
+    assert engine.blocks.num_used == 0 and not engine.blocks.tables
 
 
 class LoopBug(RuntimeError):
