@@ -58,6 +58,7 @@ async def test_disconnect_aborts_within_a_few_steps(tiny_app) -> None:
                 assert steps <= 3
                 gate.open()
         stats = await metrics(client)
+        assert app.extensions["infer"].worker._streams == {}  # nothing left per request
     assert streams["A"].terminals() == []
     for name in "BC":
         s = streams[name]
@@ -80,24 +81,39 @@ async def _counter(client: httpx.AsyncClient, name: str, value: float) -> bool:
 
 
 async def test_slow_reader_is_ended_and_never_slows_the_others(tiny_app) -> None:
-    app = tiny_app(engine={"max_seq_len": 2048}, output_buffer=4, max_pending_tokens=16)
+    gate = StepGate()
+    app = tiny_app(gate=gate, engine={"max_seq_len": 2048}, output_buffer=4,
+                   max_pending_tokens=200)
     # Traces make each event large, so the reader's socket buffers fill within a few hundred
     # tokens; a small receive buffer helps. After that, the server's pending output grows.
     slow_body = native(1900, trace={"layer": 0, "top_k": 20})
     small = httpx.AsyncHTTPTransport(socket_options=[(socket.SOL_SOCKET, socket.SO_RCVBUF,
                                                        4096)])
     others = [Stream() for _ in range(3)]
-    async with running_server(app) as server, httpx.AsyncClient(
-            base_url=server.url, timeout=120) as client, httpx.AsyncClient(
-            base_url=server.url, timeout=120, transport=small) as slow_client:
-        async with slow_client.stream("POST", "/v1/generate", json=slow_body) as slow:
-            assert slow.status_code == 200  # and then it stops reading
-            async with trio.open_nursery() as nursery:
-                for s in others:
-                    nursery.start_soon(read_stream, client, "/v1/generate", native(32), s)
-            await wait_for(lambda: _counter(client, "infer_requests_running", 0))
-            stuck = [e async for e in iter_sse(slow)]  # now read it all
-        stats = await metrics(client)
+    with gate:
+        async with running_server(app) as server, httpx.AsyncClient(
+                base_url=server.url, timeout=120) as client, httpx.AsyncClient(
+                base_url=server.url, timeout=120, transport=small) as slow_client:
+            worker = app.extensions["infer"].worker
+            async with slow_client.stream("POST", "/v1/generate", json=slow_body) as slow:
+                assert slow.status_code == 200  # and then it stops reading
+                await wait_for(lambda: any(s.pending for s in worker._streams.values()))
+                gate.close()  # the slow reader is stalled: its output piles up server-side
+                async with trio.open_nursery() as nursery:
+                    for s in others:
+                        nursery.start_soon(read_stream, client, "/v1/generate", native(32), s)
+                    await wait_for(lambda: gate.blocked)
+                    await step_until(gate, lambda: all(s.named("token") for s in others))
+                    for _ in range(10):  # every step gives every other stream a token
+                        counts = [len(s.named("token")) for s in others]
+                        await step_until(gate, lambda c=counts: _each_gained_one(others, c),
+                                         max_steps=1)
+                    assert worker.running == 4  # the slow reader was in every one of them
+                    gate.open()
+                await wait_for(lambda: worker.running == 0)
+                stuck = [e async for e in iter_sse(slow)]  # now read it all
+            stats = await metrics(client)
+            assert worker._streams == {}
     for s in others:
         assert s.terminals() == ["done"] and len(s.named("token")) == 32
     names = [e.event for e in stuck]
@@ -107,6 +123,10 @@ async def test_slow_reader_is_ended_and_never_slows_the_others(tiny_app) -> None
     assert error["code"] == "OVERLOADED" and error["retryable"] is True
     assert error["usage"]["completion_tokens"] < 1900
     assert stats['infer_requests_total{finish_reason="error"}'] == 1
+
+
+def _each_gained_one(streams: list[Stream], before: list[int]) -> bool:
+    return all(len(s.named("token")) == n + 1 for s, n in zip(streams, before, strict=True))
 
 
 async def test_queue_full_is_503_at_once_and_the_rest_complete(tiny_app) -> None:
@@ -164,27 +184,34 @@ async def test_heartbeats_on_a_quiet_stream(tiny_app) -> None:
 
 async def test_timeout_is_capped_by_the_server(tiny_app) -> None:
     gate = StepGate()
-    app = tiny_app(gate=gate, max_timeout_s=0.25)
+    app = tiny_app(gate=gate, max_timeout_s=0.5)
     runs = [Stream(), Stream()]
     bodies = [("/v1/generate", native(400, timeout_s=1000)),
-              ("/v1/completions", native(400, model="tiny", stream=True))]
+              ("/v1/completions", native(400, model="tiny", stream=True,
+                                         stream_options={"include_usage": True}))]
     async with running_server(app) as server, httpx.AsyncClient(
             base_url=server.url, timeout=120) as client:
+        worker = app.extensions["infer"].worker
         with gate:
             gate.close()
             async with trio.open_nursery() as nursery:
                 for (path, body), s in zip(bodies, runs, strict=True):
                     nursery.start_soon(read_stream, client, path, body, s)
-                await wait_for(lambda: gate.blocked)
-                await step_until(gate, lambda: all(len(s.events) > 1 for s in runs))
-                await trio.sleep(0.3)  # past the deadline before the engine may go on
+                await wait_for(lambda: len(worker._streams) == 2 and gate.blocked)
+                # The engine is held until both requests are past the server's cap (neither
+                # asked for less): only the cap can end them before 400 tokens.
+                await wait_for(lambda: all(trio.current_time() >= s.deadline
+                                           for s in worker._streams.values()))
                 gate.open()
+        assert worker._streams == {}
     native_run, openai_run = runs
     assert native_run.terminals() == ["error"]
-    assert native_run.named("error")[0]["code"] == "TIMEOUT"
+    error = native_run.named("error")[0]
+    assert error["code"] == "TIMEOUT" and error["usage"]["completion_tokens"] < 400
     chunks = [e.data for e in openai_run.events]
     assert chunks[-1] == "[DONE]"
-    assert json.loads(chunks[-2])["choices"][0]["finish_reason"] == "length"
+    assert json.loads(chunks[-3])["choices"][0]["finish_reason"] == "length"
+    assert json.loads(chunks[-2])["usage"]["completion_tokens"] < 400
 
 
 async def test_graceful_shutdown_ends_every_stream(tiny_app) -> None:
