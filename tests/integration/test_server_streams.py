@@ -11,7 +11,14 @@ import openai
 import pytest
 import trio
 
-from infer.server.testing import SSEEvent, parse_sse, running_server
+from infer.server.testing import (
+    SSEEvent,
+    StepGate,
+    parse_sse,
+    running_server,
+    step_until,
+    wait_for,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -137,12 +144,16 @@ async def test_official_openai_client_streams(real_app) -> None:
 
 
 async def test_16_concurrent_greedy_streams_equal_each_alone(real_app_fp32) -> None:
-    # float32: see the default_model_fp32 fixture for why bfloat16 greedy is not batch-stable.
+    """12 streams share one batch from their first step, 4 more join it mid-flight, and each
+    reads what it reads alone (float32: see the default_model_fp32 fixture for why bfloat16
+    greedy is not batch-stable)."""
     prompts = [f"{start} number {n} is" for start in ("The", "My", "Our", "Your")
                for n in range(2)]
     bodies = [{"model": MODEL, "prompt": p, "max_tokens": 10, "temperature": 0,
                "stream": True} for p in prompts] * 2  # 16 streams, 8 distinct
-    app = real_app_fp32(engine={"max_batch_size": 16})
+    gate = StepGate()
+    app = real_app_fp32(engine={"max_batch_size": 16}, gate=gate)
+    engine = app.extensions["infer"].engine
     results: dict[int, tuple[str, str]] = {}
 
     async def run(body: dict) -> tuple[str, str]:
@@ -153,12 +164,27 @@ async def test_16_concurrent_greedy_streams_equal_each_alone(real_app_fp32) -> N
     async def one(i: int) -> None:
         results[i] = await run(bodies[i])
 
+    def decoded() -> list[int]:  # tokens of each running request (the engine waits at the gate)
+        return [len(r.output_ids) for r in engine.scheduler.running]
+
     async with running_server(app) as server, httpx.AsyncClient(
             base_url=server.url, timeout=300) as client:
         alone = {body["prompt"]: await run(body) for body in bodies[:8]}
-        async with trio.open_nursery() as nursery:
-            for i in range(16):
-                nursery.start_soon(one, i)
+        with gate:
+            gate.close()
+            async with trio.open_nursery() as nursery:
+                for i in range(12):
+                    nursery.start_soon(one, i)
+                await wait_for(lambda: gate.blocked)
+                await step_until(gate, lambda: len(decoded()) == 12 and min(decoded()) >= 3)
+                first = decoded()
+                for i in range(12, 16):
+                    nursery.start_soon(one, i)
+                await step_until(gate, lambda: len(decoded()) == 16)
+                joined_at = decoded()
+                gate.open()
+    assert len(first) == 12 and max(first) < 10  # all twelve decoding in one batch
+    assert len(joined_at) == 16 and sorted(joined_at)[-12] >= 3  # the 12 still decoding
     assert len(results) == 16
     for i, body in enumerate(bodies):
         assert results[i] == alone[body["prompt"]], body["prompt"]
