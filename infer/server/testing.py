@@ -274,3 +274,25 @@ async def step_until(gate: StepGate, done: Callable[[], Awaitable[bool] | bool],
 
 def _passed_and_blocked(gate: StepGate, before: int) -> bool:
     return gate.passed > before and gate.blocked
+
+
+async def step_until_idle(gate: StepGate, idle: Callable[[], bool], max_steps: int) -> int:
+    """Let single steps through a closed gate until ``idle`` (the engine stops asking for
+    forwards, so the gate cannot tell when a step has ended); return how many.
+
+    Raises:
+        AssertionError: Still not idle after ``max_steps`` steps.
+    """
+    for steps in range(max_steps + 1):
+        if idle():
+            return steps
+        if steps == max_steps:
+            break
+        before = gate.passed
+        gate.allow(1)
+        await wait_for(partial(_idle_or_stepped, idle, gate, before))
+    raise AssertionError(f"still running after {max_steps} steps")
+
+
+def _idle_or_stepped(idle: Callable[[], bool], gate: StepGate, before: int) -> bool:
+    return idle() or _passed_and_blocked(gate, before)

@@ -24,6 +24,7 @@ from infer.server.testing import (
     read_stream,
     running_server,
     step_until,
+    step_until_idle,
     wait_for,
 )
 
@@ -97,7 +98,7 @@ async def test_a_response_never_sent_aborts_its_request(tiny_app) -> None:
                 r = await client.post(path, json=body, headers={"X-Break": "1"})
                 assert r.status_code == 500
                 # Aborted within a step or two, not decoded to max_tokens with no reader.
-                await _step_until_idle(gate, app, max_steps=3)
+                await step_until_idle(gate, lambda: _idle(app), max_steps=3)
         stats = await metrics(client)
     assert stats['infer_requests_total{finish_reason="error"}'] == 2
     assert stats["infer_client_disconnects_total"] == 0
@@ -107,16 +108,6 @@ def _idle(app: Any) -> bool:
     """No request is left: none known to the worker, none in the engine."""
     state = app.extensions["infer"]
     return not state.worker._streams and not state.engine.has_work()
-
-
-async def _step_until_idle(gate: StepGate, app: Any, max_steps: int) -> None:
-    for _ in range(max_steps):
-        if _idle(app):
-            return
-        before = gate.passed
-        gate.allow(1)
-        await wait_for(lambda before=before: _idle(app) or (gate.passed > before and gate.blocked))
-    assert _idle(app), f"still running after {max_steps} steps"
 
 
 async def test_waiting_counts_only_what_waits(tiny_app) -> None:
