@@ -176,3 +176,15 @@ async def test_a_slow_reader_keeps_every_logprob_and_trace(tiny_model, default_t
 
 def test_the_slow_reader_limit_fires_at_default_settings() -> None:
     assert ServerConfig().max_pending_tokens < EngineConfig().max_seq_len
+
+
+async def test_a_request_the_engine_refuses_ends_invalid_request(tiny_model,
+                                                                 default_tokenizer) -> None:
+    worker = _worker(tiny_model, default_tokenizer)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(worker.run)
+        vocab = tiny_model.config.vocab_size
+        outs = await _collect(worker.submit([1, vocab + 5], _params(4)))  # unchecked ids
+        nursery.cancel_scope.cancel()
+    assert len(outs) == 1 and outs[0].finished and outs[0].error_code == "INVALID_REQUEST"
+    assert worker._streams == {}
