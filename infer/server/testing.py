@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, cast
@@ -296,3 +296,34 @@ async def step_until_idle(gate: StepGate, idle: Callable[[], bool], max_steps: i
 
 def _idle_or_stepped(idle: Callable[[], bool], gate: StepGate, before: int) -> bool:
     return idle() or _passed_and_blocked(gate, before)
+
+
+@contextmanager
+def server_thread(app: QuartTrio, graceful_timeout_s: float = 5.0) -> Iterator[str]:
+    """Serve ``app`` from its own trio loop in a background thread (for synchronous tests,
+    such as hypothesis ones, that send many requests to one server).
+
+    Yields:
+        The server's URL. Leaving the block drains the app and waits for the thread.
+    """
+    urls: list[str] = []
+    ready = threading.Event()
+    control: dict[str, Any] = {}
+
+    async def main() -> None:
+        control["token"], control["stop"] = trio.lowlevel.current_trio_token(), trio.Event()
+        async with running_server(app, graceful_timeout_s) as server:
+            urls.append(server.url)
+            ready.set()
+            await control["stop"].wait()
+
+    thread = threading.Thread(target=trio.run, args=(main,), name="test-server")
+    thread.start()
+    try:
+        if not ready.wait(timeout=120):
+            raise RuntimeError("the server did not start")
+        yield urls[0]
+    finally:
+        if "stop" in control:
+            trio.from_thread.run_sync(control["stop"].set, trio_token=control["token"])
+        thread.join(timeout=120)
