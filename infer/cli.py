@@ -115,7 +115,7 @@ _ENGINE_FLAGS = ("model", "dtype", "device", "batching_mode", "max_batch_size", 
                  "block_size", "kv_cache_gb", "prefix_caching")
 _SERVER_FLAGS = ("host", "port", "max_prompt_bytes", "max_body_bytes", "rate_limit",
                  "rate_burst", "heartbeat_s", "max_timeout_s", "output_buffer",
-                 "max_pending_tokens")
+                 "max_pending_tokens", "resume_window_s")
 
 
 def _add_serve(commands: argparse._SubParsersAction) -> None:
@@ -144,6 +144,9 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--rate-limit", type=float, help="requests per minute per client (off)")
     p.add_argument("--heartbeat-s", type=float, help="SSE heartbeat interval (default: 15)")
     p.add_argument("--max-timeout-s", type=float, help="cap on a request's run time (600)")
+    p.add_argument("--resume-window-s", type=float,
+                   help="how long a /v1/generate stream with a request_id waits for its "
+                        "client to reconnect (default: 10)")
     p.add_argument("--api-key", action="append", default=[], metavar="KEY",
                    help="accepted bearer token (repeatable; prefer INFER_API_KEYS)")
     p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",

@@ -32,6 +32,8 @@ class ServerConfig:
             (keep it under ``max_seq_len``, or it can never fire).
         max_inspect_tokens: Longest prompt ``/v1/inspect/attention`` accepts.
         drain_timeout_s: At shutdown, how long to wait for streams to send their last event.
+        resume_window_s: How long a native stream with a ``request_id`` outlives its last
+            reader (a reconnect within it resumes the stream).
         engine: The engine's own configuration (model, batching, queue length).
 
     Raises:
@@ -52,6 +54,7 @@ class ServerConfig:
     max_pending_tokens: int = 1024
     max_inspect_tokens: int = 512
     drain_timeout_s: float = 10.0
+    resume_window_s: float = 10.0
     engine: EngineConfig = field(default_factory=EngineConfig)
 
     def __post_init__(self) -> None:
@@ -69,6 +72,8 @@ class ServerConfig:
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"{name} must be > 0, got {value}")
+        if self.resume_window_s < 0:
+            raise ValueError(f"resume_window_s must be >= 0, got {self.resume_window_s}")
         if self.drain_timeout_s < 0:
             raise ValueError(f"drain_timeout_s must be >= 0, got {self.drain_timeout_s}")
 

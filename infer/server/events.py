@@ -11,13 +11,15 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 import trio
-from quart import Blueprint, Response
+from quart import Blueprint, Response, current_app, request
+from quart_trio import QuartTrio
 
 from infer.engine.request import StepOutput, TraceSpec
-from infer.server import sse
+from infer.server import resume, sse
+from infer.server.errors import APIError
 from infer.server.generation import (
     RETRYABLE,
     Generation,
@@ -27,7 +29,7 @@ from infer.server.generation import (
     start,
 )
 from infer.server.schemas import GenerateRequest
-from infer.server.state import get_state
+from infer.server.state import ServerState, get_state
 from infer.server.structured import compile_format
 
 log = logging.getLogger("infer.server")
@@ -38,16 +40,44 @@ DEFAULT_MAX_TOKENS = 256
 
 @blueprint.post("/v1/generate")
 async def generate() -> Response:
-    """Start a generation and stream its events."""
+    """Start a generation and stream its events (or resume one, given its ``request_id``)."""
     arrival = trio.current_time()
     state = get_state()
     body = await parse_body(GenerateRequest)
+    if body.request_id is not None:
+        return await _resumable(state, body, arrival)
+    gen = await start(state, await _submission(state, body), arrival)
+    return sse.stream_response(resume.numbered(_events(gen, body.metrics_every)))
+
+
+async def _submission(state: ServerState, body: GenerateRequest) -> Submission:
     trace = TraceSpec(body.trace.top_k, body.trace.layer) if body.trace else None
     grammar = await compile_format(state, body)
-    sub = Submission(body.prompt, body.messages, body, body.max_tokens, DEFAULT_MAX_TOKENS,
-                     trace=trace, timeout_s=body.timeout_s, grammar=grammar)
-    gen = await start(state, sub, arrival)
-    return sse.stream_response(_events(gen, body.metrics_every))
+    return Submission(body.prompt, body.messages, body, body.max_tokens, DEFAULT_MAX_TOKENS,
+                      trace=trace, timeout_s=body.timeout_s, grammar=grammar)
+
+
+async def _resumable(state: ServerState, body: GenerateRequest, arrival: float) -> Response:
+    """Read the request ``body.request_id`` names, starting it if it is not known yet."""
+    assert body.request_id is not None  # checked by the caller
+    key = resume.fingerprint(body)
+    after = resume.last_event_id(request.headers.get("Last-Event-ID"))
+    stream = state.resumable.find(body.request_id, key)
+    if stream is None:
+        gen = await start(state, await _submission(state, body), arrival, guard=False)
+        try:  # another POST with this id may have started it while we tokenized
+            stream = state.resumable.find(body.request_id, key)
+        except APIError:
+            gen.close()
+            raise
+        if stream is None:
+            nursery = cast(QuartTrio, current_app).nursery  # outlives this HTTP request
+            events = resume.numbered(_events(gen, body.metrics_every))
+            stream = state.resumable.open(nursery, body.request_id, key, events)
+            return sse.stream_response(stream.read(after))
+        gen.close()
+    state.metrics.stream_resumes += 1
+    return sse.stream_response(stream.read(after))
 
 
 async def _events(gen: Generation, metrics_every: int | None) -> AsyncIterator[bytes]:

@@ -139,13 +139,16 @@ class Submission:
     grammar: Grammar | None = None  # structured output, compiled from response_format
 
 
-async def start(state: ServerState, sub: Submission, arrival: float) -> Generation:
+async def start(state: ServerState, sub: Submission, arrival: float,
+                guard: bool = True) -> Generation:
     """Validate, tokenize and submit a request.
 
     Args:
         state: The server.
         sub: What to generate.
         arrival: ``trio.current_time()`` when the request arrived (for time to first token).
+        guard: Abort the generation when this HTTP request ends unread (``False`` when
+            something else owns it: a resumable stream's producer).
 
     Returns:
         The running request.
@@ -176,7 +179,8 @@ async def start(state: ServerState, sub: Submission, arrival: float) -> Generati
     gen = Generation(state, handle, len(ids), arrival)
     # Still open when its request ends, the generation was never read: the response failed
     # before its body (or the client left in that instant). Counted as an error.
-    on_request_end(cast(MutableMapping[str, Any], request.scope), gen.fail)
+    if guard:
+        on_request_end(cast(MutableMapping[str, Any], request.scope), gen.fail)
     return gen
 
 

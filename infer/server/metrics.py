@@ -84,6 +84,7 @@ class Metrics:
         self.finished: Counter[str] = Counter({reason: 0 for reason in FINISH_REASONS})
         self.rejected: Counter[str] = Counter()
         self.client_disconnects = 0
+        self.stream_resumes = 0
         self.generated_tokens = 0
         # running, waiting, ready, KV cache counters: set by each render
         self._live: tuple[int, int, bool, Mapping[str, int] | None] = (0, 0, False, None)
@@ -133,6 +134,8 @@ class Metrics:
                                 "before the end.", self.client_disconnects),
             CounterMetricFamily("infer_generated_tokens", "Tokens generated for clients.",
                                 self.generated_tokens),
+            CounterMetricFamily("infer_stream_resumes", "Native streams read again by "
+                                "request_id (a reconnect or a takeover).", self.stream_resumes),
             self.ttft.family(),
             self.itl.family(),
             *_cache_families(cache or dict.fromkeys(CACHE_METRICS, 0)),

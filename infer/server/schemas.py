@@ -260,6 +260,8 @@ class ChatCompletionRequest(_OpenAIFields):
 class GenerateRequest(SamplingFields):
     """``POST /v1/generate``: the native event stream."""
 
+    request_id: Annotated[str, Field(pattern=r"^[A-Za-z0-9._-]{1,64}$")] | None = None
+
     prompt: Prompt | None = None
     messages: list[ChatMessage] | None = None
     timeout_s: Annotated[float, Field(gt=0.0)] | None = None

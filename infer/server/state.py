@@ -23,6 +23,7 @@ from infer.engine.engine import Engine
 from infer.server.config import ServerConfig
 from infer.server.errors import APIError
 from infer.server.metrics import Metrics
+from infer.server.resume import ResumeRegistry
 from infer.server.worker import EngineWorker
 
 log = logging.getLogger("infer.server")
@@ -79,6 +80,7 @@ class ServerState:
         self.inspect_limiter = trio.CapacityLimiter(1)  # attention forwards, one at a time
         self.status = Status.LOADING
         self.failed = trio.Event()  # set when loading or the engine loop failed
+        self.resumable = ResumeRegistry(config.resume_window_s, config.heartbeat_s)
         self._scope = trio.CancelScope()
         self._stopped: trio.Event | None = None
 
@@ -168,6 +170,7 @@ class ServerState:
 
     async def stop(self) -> None:
         """Stop the engine and wait until its thread has ended."""
+        self.resumable.close()
         self._scope.cancel()
         if self._stopped is not None:
             await self._stopped.wait()

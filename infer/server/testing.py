@@ -97,6 +97,7 @@ class SSEEvent:
     event: str | None = None
     data: str | None = None
     comment: str | None = None
+    id: str | None = None
 
     def json(self) -> Any:
         assert self.data is not None
@@ -106,22 +107,23 @@ class SSEEvent:
 def parse_sse(text: str) -> list[SSEEvent]:
     """Parse a whole SSE body (``\\n`` line ends, as this server writes them)."""
     events: list[SSEEvent] = []
-    name: str | None = None
+    fields: dict[str, str] = {}
     data: list[str] = []
     for line in text.split("\n"):
         if line == "":
-            if name is not None or data:
-                events.append(SSEEvent(name, "\n".join(data)))
-            name, data = None, []
+            if fields or data:
+                events.append(SSEEvent(fields.get("event"), "\n".join(data),
+                                       id=fields.get("id")))
+            fields, data = {}, []
         elif line.startswith(":"):
             events.append(SSEEvent(comment=line[1:].strip()))
         else:
-            field, _, value = line.partition(":")
+            name, _, value = line.partition(":")
             value = value.removeprefix(" ")
-            if field == "event":
-                name = value
-            elif field == "data":
+            if name == "data":
                 data.append(value)
+            elif name in ("event", "id"):
+                fields[name] = value
     return events
 
 
