@@ -4,6 +4,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # See infer/__init__.py: OpenMP must not spin on a shared 2-core machine.
 export OMP_WAIT_POLICY ?= PASSIVE
+# README, Memory: two glibc malloc arenas keep the resident size from creeping up.
+export MALLOC_ARENA_MAX ?= 2
 
 .PHONY: test serve lint bench peers clean
 

@@ -158,7 +158,7 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
 
 def _serve(args: argparse.Namespace) -> int:
     from infer.server.config import ServerConfig
-    from infer.server.serve import run
+    from infer.server.serve import limit_malloc_arenas, run
 
     base = ServerConfig.from_env()
     engine = {f: getattr(args, f) for f in _ENGINE_FLAGS if getattr(args, f) is not None}
@@ -175,6 +175,7 @@ def _serve(args: argparse.Namespace) -> int:
     logger = logging.getLogger("infer")
     logger.addHandler(handler)
     logger.setLevel(args.log_level.upper())
+    limit_malloc_arenas()
     return run(config, access_log=args.access_log)
 
 

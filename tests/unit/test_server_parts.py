@@ -103,3 +103,12 @@ def test_sse_framing_round_trips() -> None:
     assert [(e.event, e.comment) for e in events] == [("token", None), (None, "keep-alive"),
                                                        (None, None), (None, None)]
     assert events[0].json() == {"t": "a\nb 😀"} and events[-1].data == "[DONE]"
+
+
+def test_malloc_arenas_are_capped_unless_the_environment_says(monkeypatch) -> None:
+    from infer.server.serve import limit_malloc_arenas
+
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
+    assert limit_malloc_arenas() is False  # the operator's setting wins
+    monkeypatch.delenv("MALLOC_ARENA_MAX")
+    assert limit_malloc_arenas() is True  # glibc (this machine): mallopt accepted it
