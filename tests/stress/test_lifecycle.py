@@ -158,8 +158,9 @@ async def test_a_drain_mid_step_delivers_that_step_and_admits_nothing(tiny_app) 
                 nursery.start_soon(read_stream, client, "/v1/generate", native(3), ending)
                 nursery.start_soon(read_stream, client, "/v1/generate", native(300), running)
                 await wait_for(lambda: gate.blocked)
+                # `running` may have joined a step later: only `ending`'s count matters.
                 await step_until(gate, lambda: len(ending.named("token")) == 2
-                                 and len(running.named("token")) == 2)
+                                 and len(running.named("token")) >= 1)
                 # The engine waits in the step that ends `ending`; `queued` comes meanwhile.
                 nursery.start_soon(read_stream, client, "/v1/generate", native(5), queued)
                 await wait_for(lambda: queued.status is not None)
