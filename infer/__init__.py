@@ -9,5 +9,11 @@ import os
 # environment before torch loads libgomp, so it is set here, before any module imports torch;
 # a value the user set wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# ...but sleeping between the ~600 parallel regions of a decode step costs a futex wake each.
+# A short spin first (libgomp's GOMP_SPINCOUNT overrides PASSIVE's 0) catches the next region
+# of the same step and still sleeps through anything longer. Served on a quiet machine with
+# the client beside it: 64 chat streams 346 -> 433 tok/s, one stream ITL 41.5 -> 35.1 ms.
+# Longer spins (10k and up) collapse when another process takes a core; `make test` runs with 0.
+os.environ.setdefault("GOMP_SPINCOUNT", "3000")
 
 __version__ = "0.1.0"
