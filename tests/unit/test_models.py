@@ -42,10 +42,10 @@ def _tiny(family: str) -> tuple[transformers.PreTrainedConfig, type]:
         cfg = transformers.LlamaConfig(**common, rope_parameters=rope, tie_word_embeddings=False)
         return cfg, transformers.LlamaForCausalLM
     if family == "qwen3":
-        cfg = transformers.Qwen3Config(**common, head_dim=16, tie_word_embeddings=True)
+        cfg = transformers.Qwen3Config(**common, head_dim=32, tie_word_embeddings=True)
         return cfg, transformers.Qwen3ForCausalLM
     cfg = transformers.Gemma3TextConfig(
-        **common, head_dim=16, sliding_window=4, query_pre_attn_scalar=12,
+        **common, head_dim=32, sliding_window=4, query_pre_attn_scalar=12,
         layer_types=["sliding_attention", "full_attention", "sliding_attention"],
         final_logit_softcapping=30.0,
     )
@@ -186,3 +186,32 @@ def test_missing_weight_is_named() -> None:
     config = ModelConfig.from_hf(cfg.to_dict() | {"architectures": ["LlamaForCausalLM"]})
     with pytest.raises(ValueError, match=r"missing weights: model\.layers\.1\.mlp\.up_proj"):
         create_model(config, weights, torch.float32)
+
+
+@torch.inference_mode()
+def test_engine_batches_every_family_like_each_alone(pair, default_tokenizer) -> None:
+    """Llama, Qwen3 (q/k norms) and Gemma3 (sliding window, soft cap) through the engine:
+    paged prefill, the decode kernel, a request joining mid-flight."""
+    from infer.engine.engine import Engine
+
+    _, ours = pair
+    prompts = [_ids(n, seed=10 + n)[0].tolist() for n in (3, 9, 14)]
+    params = SamplingParams(max_new_tokens=8, temperature=0.0, ignore_eos=True)
+    config = EngineConfig(max_batch_size=4, max_seq_len=32, block_size=4)
+
+
+    alone = []
+    for p in prompts:
+        engine = Engine.from_components(config, ours, default_tokenizer, [])
+        req = engine.add_request(p, params)
+        while engine.has_work():
+            engine.step()
+        alone.append(req.output_ids)
+    engine = Engine.from_components(config, ours, default_tokenizer, [])
+    first = [engine.add_request(p, params) for p in prompts[:2]]
+    for _ in range(3):
+        engine.step()
+    late = engine.add_request(prompts[2], params)  # joins while the others decode
+    while engine.has_work():
+        engine.step()
+    assert [r.output_ids for r in [*first, late]] == alone
