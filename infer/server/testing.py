@@ -237,6 +237,15 @@ class Stream:
         return "".join(t["token"] for t in self.named("token"))
 
 
+# The prompt and native request body the server tests share.
+PROMPT = "The quick brown fox jumps over the lazy dog"
+
+
+def native(max_tokens: int, prompt: str = PROMPT, **extra: Any) -> dict[str, Any]:
+    """A greedy ``/v1/generate`` body."""
+    return {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0} | extra
+
+
 async def read_stream(client: httpx.AsyncClient, path: str, body: dict, out: Stream) -> None:
     """POST and record the status, then every event until the server ends the stream."""
     async with client.stream("POST", path, json=body) as r:

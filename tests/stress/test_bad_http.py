@@ -6,9 +6,7 @@ from __future__ import annotations
 import httpx
 import trio
 
-from infer.server.testing import running_server, wait_for
-
-PROMPT = "The quick brown fox jumps over the lazy dog"
+from infer.server.testing import PROMPT, running_server, wait_for
 
 
 async def test_413_closes_or_drains_the_connection(tiny_app) -> None:

@@ -5,9 +5,7 @@ from __future__ import annotations
 import httpx
 import trio
 
-from infer.server.testing import running_server
-
-PROMPT = "The quick brown fox jumps over the lazy dog"
+from infer.server.testing import PROMPT, running_server
 
 
 async def _give_up_after(client: httpx.AsyncClient, path: str, body: dict, wait_s: float) -> None:

@@ -18,17 +18,12 @@ from infer.server.testing import (
     StepGate,
     Stream,
     metrics,
+    native,
     read_stream,
     running_server,
     step_until,
     wait_for,
 )
-
-PROMPT = "The quick brown fox jumps over the lazy dog"
-
-
-def native(max_tokens: int, **extra: Any) -> dict[str, Any]:
-    return {"prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0} | extra
 
 
 class BrokenDetokenizer:

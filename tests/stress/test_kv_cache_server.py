@@ -4,14 +4,9 @@ from __future__ import annotations
 
 import httpx
 
-from infer.server.testing import running_server
+from infer.server.testing import metrics, running_server
 
 SYSTEM = "You are a careful assistant. Answer in one short sentence, and never guess. " * 4
-
-
-def _metrics(text: str) -> dict[str, float]:
-    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
-            for line in text.splitlines() if line and not line.startswith("#")}
 
 
 async def test_shared_prefix_is_reused_and_blocks_come_back(tiny_app) -> None:
@@ -25,7 +20,7 @@ async def test_shared_prefix_is_reused_and_blocks_come_back(tiny_app) -> None:
             r = await client.post("/v1/completions", json=body)
             assert r.status_code == 200
             answers.append(r.json()["choices"][0]["text"])
-        stats = _metrics((await client.get("/metrics")).text)
+        stats = await metrics(client)
     assert stats["infer_prefix_cache_hits_total"] > 0
     assert stats["infer_prefix_cache_queries_total"] >= stats["infer_prefix_cache_hits_total"]
     assert stats["infer_kv_blocks_total"] > 0 and stats["infer_kv_blocks_used"] == 0

@@ -18,9 +18,11 @@ from infer.models.base import CausalLM
 from infer.server.app import create_app
 from infer.server.config import ServerConfig
 from infer.server.testing import (
+    PROMPT,
     StepGate,
     Stream,
     metrics,
+    native,
     read_stream,
     running_server,
     step_until,
@@ -28,7 +30,6 @@ from infer.server.testing import (
     wait_for,
 )
 
-PROMPT = "The quick brown fox jumps over the lazy dog"
 HOLD = "HOLD "  # a prompt starting with this waits in the tokenizer until released
 
 
@@ -49,9 +50,6 @@ class HeldTokenizer:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
-
-def native(max_tokens: int, prompt: str = PROMPT, **extra: Any) -> dict[str, Any]:
-    return {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0} | extra
 
 
 async def test_a_request_tokenizing_when_the_drain_begins_is_refused(

@@ -9,6 +9,7 @@ import httpx
 import trio
 
 from infer.server.testing import (
+    PROMPT,
     SSEEvent,
     StepGate,
     iter_sse,
@@ -17,8 +18,6 @@ from infer.server.testing import (
     running_server,
     wait_for,
 )
-
-PROMPT = "The quick brown fox jumps over the lazy dog"
 
 
 def body(max_tokens: int = 40, **extra: Any) -> dict[str, Any]:

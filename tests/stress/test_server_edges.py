@@ -19,6 +19,7 @@ from infer.engine.engine import Engine
 from infer.server.app import create_app
 from infer.server.config import ServerConfig
 from infer.server.testing import (
+    PROMPT,
     StepGate,
     iter_sse,
     metrics,
@@ -27,8 +28,6 @@ from infer.server.testing import (
     step_until_idle,
     wait_for,
 )
-
-PROMPT = "The quick brown fox jumps over the lazy dog"
 
 
 def body(max_tokens: int, **extra: Any) -> dict[str, Any]:
