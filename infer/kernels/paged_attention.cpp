@@ -55,8 +55,104 @@ struct Shape {
   float scale;
 };
 
-// One (sequence, KV head): kD and kBlock are compile-time sizes (0: take them from `s`), so
-// that the common shapes get fully unrolled, register-resident inner loops.
+// Ask for the next block while this one is being used: a sequence's blocks are scattered
+// over the pool, so the hardware prefetcher cannot guess them.
+inline void prefetch(const void* p, int64_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t i = 0; i < bytes; i += 64) __builtin_prefetch(c + i, 0, 3);
+}
+
+// Scores of kG query heads (one group chunk) over one block of keys [D, block]: each key
+// row is widened to float once and feeds kG FMAs across the block's positions.
+template <typename T, int64_t kD, int64_t kBlock, int64_t kG>
+inline void score_block(const float* qf, const T* keys, int64_t dim, int64_t block,
+                        float (*part)[kBlock ? kBlock : 256]) {
+  for (int64_t g = 0; g < kG; ++g)
+    for (int64_t j = 0; j < block; ++j) part[g][j] = 0.f;
+  for (int64_t i = 0; i < dim; ++i) {
+    const T* row = keys + i * block;
+    float k[kBlock ? kBlock : 256];
+#pragma omp simd
+    for (int64_t j = 0; j < block; ++j) k[j] = to_float(row[j]);
+    for (int64_t g = 0; g < kG; ++g) {
+      const float qi = qf[g * dim + i];
+#pragma omp simd
+      for (int64_t j = 0; j < block; ++j) part[g][j] += qi * k[j];
+    }
+  }
+}
+
+// Weighted sum of values for kG query heads: each value row is widened once and feeds kG
+// register-resident accumulators.
+template <typename T, int64_t kD, int64_t kBlock, int64_t kG>
+inline void sum_values(const Shape& s, int64_t h, const T* v_cache, const int32_t* table,
+                       int64_t first, int64_t end, const float* p, int64_t len, float* acc) {
+  const int64_t dim = kD ? kD : s.dim, block = kBlock ? kBlock : s.block;
+  const int64_t block_elems = s.n_kv * dim * block;
+  float a[kG][kD ? kD : 512] = {};
+  for (int64_t pos = first; pos < end;) {
+    const int64_t offset = pos % block, n = std::min(block - offset, end - pos);
+    const T* values = v_cache + table[pos / block] * block_elems + (h * block + offset) * dim;
+    if (pos + n < end) prefetch(v_cache + table[(pos + n) / block] * block_elems + h * block * dim,
+                                dim * block * sizeof(T));
+    for (int64_t j = 0; j < n; ++j) {
+      const T* row = values + j * dim;
+      float v[kD ? kD : 512];
+#pragma omp simd
+      for (int64_t i = 0; i < dim; ++i) v[i] = to_float(row[i]);
+      for (int64_t g = 0; g < kG; ++g) {
+        const float w = p[g * len + pos - first + j];
+#pragma omp simd
+        for (int64_t i = 0; i < dim; ++i) a[g][i] += w * v[i];
+      }
+    }
+    pos += n;
+  }
+  for (int64_t g = 0; g < kG; ++g)
+    for (int64_t i = 0; i < dim; ++i) acc[g * dim + i] = a[g][i];
+}
+
+// kG query heads of one KV head at a time (kG * kD floats of accumulators fit in registers).
+template <typename T, int64_t kD, int64_t kBlock, int64_t kG>
+void attend_chunk(const Shape& s, int64_t h, const float* qf, const T* k_cache, const T* v_cache,
+                  const int32_t* table, int64_t first, int64_t end, float* scores, float* acc) {
+  const int64_t dim = kD ? kD : s.dim, block = kBlock ? kBlock : s.block;
+  const int64_t len = end - first, block_elems = s.n_kv * dim * block;
+  for (int64_t pos = first; pos < end;) {
+    const int64_t offset = pos % block, n = std::min(block - offset, end - pos);
+    const T* keys = k_cache + table[pos / block] * block_elems + h * dim * block;  // [D, B]
+    if (pos + n < end) prefetch(k_cache + table[(pos + n) / block] * block_elems + h * dim * block,
+                                dim * block * sizeof(T));
+    float part[kG][kBlock ? kBlock : 256];
+    score_block<T, kD, kBlock, kG>(qf, keys, dim, block, part);
+    for (int64_t g = 0; g < kG; ++g)
+      for (int64_t j = 0; j < n; ++j) scores[g * len + pos - first + j] = part[g][offset + j];
+    pos += n;
+  }
+  for (int64_t g = 0; g < kG; ++g) {
+    float* sg = scores + g * len;
+    float mx = -std::numeric_limits<float>::infinity();
+#pragma omp simd reduction(max : mx)
+    for (int64_t t = 0; t < len; ++t) mx = std::max(mx, sg[t]);
+    float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t t = 0; t < len; ++t) {
+      sg[t] = exp_nonpositive(sg[t] - mx);
+      sum += sg[t];
+    }
+    const float inv = 1.f / sum;
+#pragma omp simd
+    for (int64_t t = 0; t < len; ++t) sg[t] *= inv;
+  }
+  sum_values<T, kD, kBlock, kG>(s, h, v_cache, table, first, end, scores, len, acc);
+}
+
+// Query heads per pass: as many as keep kG * D accumulators within 16 AVX-512 registers.
+constexpr int64_t chunk_heads(int64_t dim) { return dim && dim <= 64 ? 4 : dim <= 128 ? 2 : 1; }
+
+// One (sequence, KV head): every query head of its group reads the sequence's keys and
+// values once per chunk of heads. kD and kBlock are compile-time sizes (0: take them from
+// `s`), so that the common shapes get fully unrolled, register-resident inner loops.
 template <typename T, int64_t kD, int64_t kBlock>
 void attend_one(const Shape& s, int64_t seq, int64_t h, const T* q, const T* k_cache,
                 const T* v_cache, const int32_t* table, int64_t end, T* out,
@@ -67,63 +163,28 @@ void attend_one(const Shape& s, int64_t seq, int64_t h, const T* q, const T* k_c
   const int64_t len = end - first;
   if (len <= 0) return;
   TORCH_CHECK(block <= 256 && dim <= 512, "block_size <= 256 and head_dim <= 512 supported");
-  scores.resize(groups * len);
+  constexpr int64_t kChunk = chunk_heads(kD);
+  scores.resize(kChunk * len);
+  std::vector<float> acc(kChunk * dim);
   for (int64_t g = 0; g < groups; ++g) {
     const T* src = q + seq * s.q_stride + (h * groups + g) * dim;
     for (int64_t i = 0; i < dim; ++i) qf[g * dim + i] = to_float(src[i]) * s.scale;
   }
-  const int64_t block_elems = s.n_kv * dim * block;
-  // Scores, a block at a time: score[j] = sum_i q[g][i] * key_j[i], as FMAs across the
-  // block's positions (the keys are stored [D, block]); the block stays in L1 across g.
-  for (int64_t pos = first; pos < end;) {
-    const int64_t offset = pos % block, n = std::min(block - offset, end - pos);
-    const T* keys = k_cache + table[pos / block] * block_elems + h * dim * block;  // [D, B]
-    for (int64_t g = 0; g < groups; ++g) {
-      const float* qg = qf.data() + g * dim;
-      float part[kBlock ? kBlock : 256] = {};
-      for (int64_t i = 0; i < dim; ++i) {
-        const T* row = keys + i * block;
-        const float qi = qg[i];
-#pragma omp simd
-        for (int64_t j = 0; j < block; ++j) part[j] += qi * to_float(row[j]);
-      }
-      float* dst = scores.data() + g * len + pos - first;
-      for (int64_t j = 0; j < n; ++j) dst[j] = part[offset + j];
+  for (int64_t g0 = 0; g0 < groups; g0 += kChunk) {
+    const int64_t n = std::min(kChunk, groups - g0);
+    const float* qg = qf.data() + g0 * dim;
+    switch (n) {
+      case 4: attend_chunk<T, kD, kBlock, 4>(s, h, qg, k_cache, v_cache, table, first, end,
+                                             scores.data(), acc.data()); break;
+      case 3: attend_chunk<T, kD, kBlock, 3>(s, h, qg, k_cache, v_cache, table, first, end,
+                                             scores.data(), acc.data()); break;
+      case 2: attend_chunk<T, kD, kBlock, 2>(s, h, qg, k_cache, v_cache, table, first, end,
+                                             scores.data(), acc.data()); break;
+      default: attend_chunk<T, kD, kBlock, 1>(s, h, qg, k_cache, v_cache, table, first, end,
+                                              scores.data(), acc.data()); break;
     }
-    pos += n;
-  }
-  std::vector<float> inv_sum(groups);
-  for (int64_t g = 0; g < groups; ++g) {
-    float* sg = scores.data() + g * len;
-    float mx = -std::numeric_limits<float>::infinity();
-#pragma omp simd reduction(max : mx)
-    for (int64_t t = 0; t < len; ++t) mx = std::max(mx, sg[t]);
-    float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t t = 0; t < len; ++t) {
-      sg[t] = exp_nonpositive(sg[t] - mx);
-      sum += sg[t];
-    }
-    inv_sum[g] = 1.f / sum;
-  }
-  // Output: out[g] = sum_t p[g][t] * value_t, one query head at a time so that its
-  // accumulator stays in registers; the sequence's values stay in L1/L2 across g.
-  for (int64_t g = 0; g < groups; ++g) {
-    float a[kD ? kD : 512] = {};
-    const float* pg = scores.data() + g * len - first;
-    for (int64_t pos = first; pos < end;) {
-      const int64_t offset = pos % block, n = std::min(block - offset, end - pos);
-      const T* values = v_cache + table[pos / block] * block_elems + (h * block + offset) * dim;
-      for (int64_t j = 0; j < n; ++j) {
-        const T* row = values + j * dim;
-        const float w = pg[pos + j];
-#pragma omp simd
-        for (int64_t i = 0; i < dim; ++i) a[i] += w * to_float(row[i]);
-      }
-      pos += n;
-    }
-    T* dst = out + seq * s.n_heads * dim + (h * groups + g) * dim;
-    for (int64_t i = 0; i < dim; ++i) dst[i] = static_cast<T>(a[i] * inv_sum[g]);
+    T* dst = out + seq * s.n_heads * dim + (h * groups + g0) * dim;
+    for (int64_t i = 0; i < n * dim; ++i) dst[i] = static_cast<T>(acc[i]);
   }
 }
 

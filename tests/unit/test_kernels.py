@@ -10,11 +10,14 @@ from infer.models.layers import paged_decode_attention_reference
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("head_dim,block,window", [(64, 16, 0), (64, 16, 20), (16, 4, 0),
-                                                   (128, 16, 0), (24, 8, 5)])
-def test_kernel_matches_reference(dtype, head_dim: int, block: int, window: int) -> None:
-    gen = torch.Generator().manual_seed(head_dim + block + window)
-    n, kv, groups = 7, 3, 3
+@pytest.mark.parametrize("head_dim,block,window,groups", [
+    (64, 16, 0, 3), (64, 16, 20, 3), (16, 4, 0, 3), (128, 16, 0, 3), (24, 8, 5, 3),
+    (64, 16, 0, 1), (64, 16, 0, 5), (128, 16, 0, 4), (256, 16, 0, 4), (64, 16, 7, 8)])
+def test_kernel_matches_reference(dtype, head_dim: int, block: int, window: int,
+                                  groups: int) -> None:
+    """Every query-head grouping (GQA 1, 3, 4, 5, 8) and head size, with and without windows."""
+    gen = torch.Generator().manual_seed(head_dim + block + window + groups)
+    n, kv = 7, 3
     lens = torch.tensor([1, 2, block, block + 1, 3 * block - 1, 5 * block, 37], dtype=torch.int32)
     max_blocks = int(-(-lens.max() // block))
     pool = n * max_blocks + 3
