@@ -52,11 +52,11 @@ class ModelRunner:
         seqs = [*decode, *(c.request for c in chunks)]
         tables = [self.blocks.table(r.request_id) for r in seqs]
         size, nd = self.blocks.block_size, len(decode)
-        ids, positions, slot_blocks, ends, last = [], [], [], [], []
+        ids, positions, slots, ends, last = [], [], [], [], []
         for r, table in zip(decode, tables, strict=False):
             ids.append(r.output_ids[-1])
             positions.append(r.num_cached)
-            slot_blocks.append(table[r.num_cached // size])
+            slots.append(table[r.num_cached // size] * size + r.num_cached % size)
             ends.append(r.num_cached + 1)
             last.append(len(ids) - 1)
         spans: list[PrefillSpan] = []
@@ -65,7 +65,7 @@ class ModelRunner:
             ids += c.request.token_ids[c.start : c.start + c.length]
             span_positions = range(c.start, c.start + c.length)
             positions += span_positions
-            slot_blocks += [table[p // size] for p in span_positions]
+            slots += [table[p // size] * size + p % size for p in span_positions]
             ends.append(c.start + c.length)
             last.append(len(ids) - 1)
         for span in spans:
@@ -74,8 +74,7 @@ class ModelRunner:
         width = max((len(t) for t in tables[:nd]), default=0)
         ctx = PagedContext(
             cache=self.cache,
-            slots=self.cache.slot_index(torch.tensor(slot_blocks, device=device),
-                                        torch.tensor(positions, device=device) % size),
+            slots=torch.tensor(slots, device=device),
             num_decode=nd,
             block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables[:nd]],
                                       dtype=torch.int32, device=device).reshape(nd, width),
@@ -148,8 +147,8 @@ def forward_sequence(
     span = PrefillSpan(0, n, start)
     ctx = PagedContext(
         cache=cache,
-        slots=cache.slot_index(torch.tensor([table[p // size] for p in positions], device=device),
-                               torch.tensor(positions, device=device) % size),
+        slots=torch.tensor([table[p // size] * size + p % size for p in positions],
+                           device=device),
         num_decode=1 if decode else 0,
         block_tables=torch.tensor([table] if decode else [], dtype=torch.int32,
                                   device=device).reshape(int(decode), -1 if decode else 0),

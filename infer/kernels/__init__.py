@@ -17,7 +17,8 @@ from types import ModuleType
 
 import torch
 
-SOURCES = ("paged_attention.cpp",)
+SOURCES = ("bindings.cpp", "paged_attention.cpp", "layer_ops.cpp")
+HEADERS = ("ops.h", "vec.h")
 CFLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp")
 _lock = threading.Lock()
 
@@ -36,7 +37,7 @@ def build_dir() -> Path:
     """Where this machine's build of the kernels lives."""
     digest = hashlib.sha256()
     here = Path(__file__).parent
-    for name in SOURCES:
+    for name in SOURCES + HEADERS:
         digest.update((here / name).read_bytes())
     digest.update(" ".join((torch.__version__, *CFLAGS, _cpu_flags())).encode())
     root = Path(os.environ.get("INFER_KERNEL_DIR", Path.home() / ".cache" / "infer" / "kernels"))

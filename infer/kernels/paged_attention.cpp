@@ -7,7 +7,7 @@
 // (sequence, KV head) reads its own blocks once, for its own length, for every query head of
 // its group. SDPA over a padded, gathered cache spent most of its time on per-(batch, head)
 // setup at these sizes (3 query heads per KV head, a few hundred positions).
-#include <torch/extension.h>
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -17,38 +17,10 @@
 #include <limits>
 #include <vector>
 
+#include "ops.h"
+#include "vec.h"
+
 namespace {
-
-template <typename T>
-inline float to_float(T x) {
-  return static_cast<float>(x);
-}
-
-// bf16 is the top half of a float: widen with a shift the compiler vectorizes.
-template <>
-inline float to_float<c10::BFloat16>(c10::BFloat16 x) {
-  const uint32_t bits = static_cast<uint32_t>(x.x) << 16;
-  float out;
-  std::memcpy(&out, &bits, sizeof(out));
-  return out;
-}
-
-// exp for softmax inputs (<= 0): 2^x split into integer and fraction parts, the fraction by
-// a degree-5 polynomial (relative error ~2e-7). Written so that `omp simd` vectorizes it;
-// std::exp stays scalar without -ffast-math, which would change the process's FP mode.
-inline float exp_nonpositive(float x) {
-  const float t = std::max(x, -87.f) * 1.44269504088896341f;
-  const float whole = std::floor(t);
-  const float f = t - whole;
-  const float p =
-      1.f + f * (0.693147182f +
-                 f * (0.240226507f + f * (0.0555041087f + f * (0.00961812911f +
-                                                               f * 0.00133335581f))));
-  const int32_t bits = (static_cast<int32_t>(whole) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  return p * scale;
-}
 
 struct Shape {
   int64_t n_seqs, n_heads, n_kv, groups, dim, block, max_blocks, q_stride, window;
@@ -220,6 +192,8 @@ void dispatch(const Shape& s, const T* q, const T* k, const T* v, const int32_t*
   decode_all<T, 0, 0>(s, q, k, v, tables, lens, out);
 }
 
+}  // namespace
+
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache,
                                   const at::Tensor& v_cache, const at::Tensor& block_tables,
                                   const at::Tensor& seq_lens, double scale, int64_t window) {
@@ -255,10 +229,3 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
   return out;
 }
 
-}  // namespace
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_decode_attention", &paged_decode_attention,
-        "Decode attention over a paged KV cache (one query token per sequence; window 0 = "
-        "no sliding window)");
-}

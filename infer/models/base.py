@@ -20,6 +20,7 @@ from infer.models.layers import (
     build_mask,
     can_pack,
     pack_linears,
+    rope_angles,
     rope_cos_sin,
     rope_inv_freq,
 )
@@ -132,10 +133,12 @@ class CausalLM(nn.Module, ABC):
         for kind in set(self.config.layer_types):
             ctx.rope[kind] = self._rope(kind, positions.clamp(min=0))
             ctx.masks[kind] = build_mask(positions, positions, valid, self._window(kind))
-        x = self._layers(self.model.embed_tokens(input_ids), ctx)
+        x, residual = self._layers(self.model.embed_tokens(input_ids), ctx)
         if logits_index is not None:
-            x = x[torch.arange(x.shape[0], device=x.device), logits_index]  # [B, hidden]
-        return ForwardOutput(self.logits(self.model.norm(x)), capture.probs if capture else None)
+            rows = torch.arange(x.shape[0], device=x.device)
+            x, residual = x[rows, logits_index], residual[rows, logits_index]  # [B, hidden]
+        hidden, _ = self.model.norm.add_forward(x, residual)
+        return ForwardOutput(self.logits(hidden), capture.probs if capture else None)
 
     def forward_paged(
         self, input_ids: Tensor, positions: Tensor, ctx: PagedContext, logits_index: Tensor
@@ -154,19 +157,22 @@ class CausalLM(nn.Module, ABC):
             attention row per captured layer.
         """
         for kind in set(self.config.layer_types):
-            ctx.rope[kind] = self._rope(kind, positions.unsqueeze(0))
-            ctx.rope[kind] = tuple(t[0] for t in ctx.rope[kind])  # type: ignore[assignment]
+            ctx.rope[kind] = rope_angles(getattr(self, f"inv_freq_{kind}"), positions)
             ctx.windows[kind] = self._window(kind) or 0
-        x = self._layers(self.model.embed_tokens(input_ids), ctx)  # [N, hidden]
-        logits = self.logits(self.model.norm(x.index_select(0, logits_index)))
-        return ForwardOutput(logits, ctx.capture.probs if ctx.capture else None)
+        x, residual = self._layers(self.model.embed_tokens(input_ids), ctx)  # [N, hidden]
+        hidden, _ = self.model.norm.add_forward(x.index_select(0, logits_index),
+                                                residual.index_select(0, logits_index))
+        return ForwardOutput(self.logits(hidden), ctx.capture.probs if ctx.capture else None)
 
-    def _layers(self, x: Tensor, ctx: ForwardContext | PagedContext) -> Tensor:
+    def _layers(self, x: Tensor, ctx: ForwardContext | PagedContext) -> tuple[Tensor, Tensor]:
+        """Every layer; the hidden state is the sum of the two returned tensors."""
         if self.embed_scale:
             x = x * torch.tensor(self.config.hidden_size**0.5, dtype=x.dtype)
+        residual = None
         for layer in self.model.layers:
-            x = layer(x, ctx)
-        return x
+            x, residual = layer(x, residual, ctx)
+        assert residual is not None, "a model has at least one layer"
+        return x, residual
 
     def _rope(self, kind: str, positions: Tensor) -> tuple[Tensor, Tensor]:
         return rope_cos_sin(getattr(self, f"inv_freq_{kind}"), positions, self.dtype)

@@ -31,9 +31,17 @@ class Gemma3DecoderLayer(nn.Module):
         self.mlp = GatedMLP(config)
         self.post_feedforward_layernorm = RMSNorm(h, eps, off)
 
-    def forward(self, x: Tensor, ctx: ForwardContext | PagedContext) -> Tensor:
-        x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), ctx))
-        return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+    def forward(
+        self, x: Tensor, residual: Tensor | None, ctx: ForwardContext | PagedContext
+    ) -> tuple[Tensor, Tensor]:
+        """The hidden state is ``x + residual``, as in :class:`DecoderLayer`."""
+        if residual is None:
+            h, residual = self.input_layernorm(x), x
+        else:
+            h, residual = self.input_layernorm.add_forward(x, residual)
+        attn = self.post_attention_layernorm(self.self_attn(h, ctx))
+        h, residual = self.pre_feedforward_layernorm.add_forward(attn, residual)
+        return self.post_feedforward_layernorm(self.mlp(h)), residual
 
 
 class Gemma3ForCausalLM(CausalLM):

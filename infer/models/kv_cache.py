@@ -3,7 +3,7 @@
 Memory follows the tokens in use: a sequence of ``n`` tokens holds ``ceil(n / block_size)``
 blocks, wherever they are in the pool (who owns which block is the engine's business, see
 :mod:`infer.engine.block_manager`). The model only needs, per step, where each new key goes
-(a flat slot index) and, per sequence, its block table.
+(a flat slot, ``block * block_size + offset``) and, per sequence, its block table.
 """
 
 from __future__ import annotations
@@ -20,9 +20,7 @@ class PagedKVCache:
     ``v`` is ``[layers, num_blocks, kv_heads, block_size, head_dim]`` and ``k`` the same
     with the last two axes swapped (``head_dim, block_size``): the decode kernel scores a
     whole block of keys with FMAs across its positions. A token at position ``p`` of a
-    sequence lives in block ``table[p // block_size]`` at offset ``p % block_size``. New
-    values go in with one ``index_copy_`` over flat ``(block, head, offset)`` rows, new keys
-    with one over flat elements (see :meth:`slot_index`).
+    sequence lives in block ``table[p // block_size]`` at offset ``p % block_size``.
     """
 
     def __init__(
@@ -56,27 +54,15 @@ class PagedKVCache:
     def nbytes(self) -> int:
         return self.k.numel() * self.k.element_size() * 2
 
-    def slot_index(self, blocks: Tensor, offsets: Tensor) -> tuple[Tensor, Tensor]:
-        """Where tokens at ``blocks[i]``, ``offsets[i]`` (both ``[N]``) go.
+    def write(self, layer: int, slots: Tensor, k: Tensor, v: Tensor) -> None:
+        """Store keys and values ``[N, K, D]`` at flat ``slots`` ``[N]`` (block * size + offset).
 
-        Returns:
-            ``(value_rows [N * K], key_elements [N * K * D])``: flat rows of
-            ``v[layer].view(-1, D)`` and flat elements of ``k[layer].view(-1)``, in the
-            order of ``v.reshape(-1, D)`` and ``k.reshape(-1)`` for ``[N, K, D]`` tensors.
+        The torch path (other devices, tests); on CPU the rotary kernel writes the cache.
         """
-        heads, size, dim = self.v.shape[2], self.v.shape[3], self.v.shape[4]
-        head = torch.arange(heads, device=blocks.device)
-        block_head = blocks.unsqueeze(-1) * heads + head  # [N, K]
-        rows = (block_head * size + offsets.unsqueeze(-1)).flatten()
-        d = torch.arange(dim, device=blocks.device)
-        elems = (block_head.unsqueeze(-1) * dim + d) * size + offsets[:, None, None]  # [N, K, D]
-        return rows, elems.flatten()
-
-    def write(self, layer: int, slots: tuple[Tensor, Tensor], k: Tensor, v: Tensor) -> None:
-        """Store keys and values ``[N, K, D]`` at ``slots`` (see :meth:`slot_index`)."""
-        rows, elems = slots
-        self.v[layer].view(-1, v.shape[-1]).index_copy_(0, rows, v.reshape(-1, v.shape[-1]))
-        self.k[layer].view(-1).index_copy_(0, elems, k.reshape(-1))
+        size = self.block_size
+        blocks, offsets = slots // size, slots % size
+        self.k[layer][blocks, :, :, offsets] = k
+        self.v[layer][blocks, :, offsets] = v
 
     def gather(self, layer: int, blocks: Tensor, length: int) -> tuple[Tensor, Tensor]:
         """The first ``length`` keys and values of a sequence, ``[K, length, D]`` each."""

@@ -30,10 +30,23 @@ class RMSNorm(nn.Module):
         self.offset = offset
 
     def forward(self, x: Tensor) -> Tensor:
+        if x.device.type == "cpu" and x.is_contiguous():
+            return kernels.ops().rms_norm(x, self.weight, self.eps, self.offset)
         if self.offset == 0.0:
             return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
         out = F.rms_norm(x.float(), (x.shape[-1],), None, self.eps)
         return (out * (self.offset + self.weight.float())).type_as(x)
+
+    def add_forward(self, x: Tensor, residual: Tensor) -> tuple[Tensor, Tensor]:
+        """``residual + x`` and its norm, in one pass on CPU: ``(norm, new residual)``.
+
+        Both inputs are overwritten (they are a layer's fresh output and the running sum).
+        """
+        if x.device.type == "cpu":
+            kernels.ops().add_rms_norm(x, residual, self.weight, self.eps, self.offset)
+            return x, residual
+        residual = residual + x
+        return self(residual), residual
 
 
 def rope_inv_freq(rope: RopeConfig, head_dim: int) -> Tensor:
@@ -67,6 +80,12 @@ def rope_cos_sin(inv_freq: Tensor, positions: Tensor, dtype: torch.dtype) -> tup
     cos = torch.cat((cos, cos), dim=-1).unsqueeze(2)
     sin = torch.cat((-sin, sin), dim=-1).unsqueeze(2)
     return cos.to(dtype), sin.to(dtype)
+
+
+def rope_angles(inv_freq: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+    """float32 cos and sin ``[N, D/2]`` of packed tokens at ``positions`` ``[N]``."""
+    freqs = positions.to(torch.float32).unsqueeze(-1) * inv_freq
+    return freqs.cos(), freqs.sin()
 
 
 def apply_rope(x: Tensor, cos: Tensor, signed_sin: Tensor) -> Tensor:
@@ -122,7 +141,7 @@ class PagedContext:
     """
 
     cache: PagedKVCache
-    slots: tuple[Tensor, Tensor]  # where each new value and key goes (slot_index)
+    slots: Tensor  # [N] int64: where each new key and value goes, block * block_size + offset
     num_decode: int
     block_tables: Tensor  # [num_decode, max_blocks] int32
     seq_lens: Tensor  # [num_decode] int32: attended length, the new token included
@@ -131,7 +150,7 @@ class PagedContext:
     seq_ends: list[int]  # every sequence's attended length
     last_token: list[int]  # every sequence's last token in the batch
     windows: dict[str, int] = field(default_factory=dict)  # kind → sliding window (0: none)
-    rope: dict[str, tuple[Tensor, Tensor]] = field(default_factory=dict)
+    rope: dict[str, tuple[Tensor, Tensor]] = field(default_factory=dict)  # float32 [N, D/2]
     capture: AttnCapture | None = None
 
 
@@ -248,11 +267,33 @@ class Attention(nn.Module):
             ).transpose(1, 2)  # [B, T, H, D]
         return self.o_proj(out.reshape(b, t, -1))
 
+    def _qkv_paged(self, x: Tensor, ctx: PagedContext) -> tuple[Tensor, Tensor, Tensor]:
+        """Project, rotate and store this layer's keys and values: q, k, v ``[N, H or K, D]``.
+
+        On CPU one kernel rotates q and k in place and writes k and v to the cache.
+        """
+        n, h, kv, d = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
+        qkv = self.qkv_proj(x)
+        heads = qkv.view(n, h + 2 * kv, d)
+        if self.q_norm is not None and self.k_norm is not None:
+            heads[:, :h] = self.q_norm(heads[:, :h])
+            heads[:, h : h + kv] = self.k_norm(heads[:, h : h + kv])
+        cos, sin = ctx.rope[self.layer_type]
+        layer = self.layer_idx
+        if x.device.type == "cpu":
+            kernels.ops().rope_and_cache(qkv, cos, sin, h, kv, ctx.cache.k[layer],
+                                         ctx.cache.v[layer], ctx.slots)
+        else:
+            full_cos = torch.cat((cos, cos), dim=-1).unsqueeze(1).to(x.dtype)
+            signed_sin = torch.cat((-sin, sin), dim=-1).unsqueeze(1).to(x.dtype)
+            heads[:, : h + kv] = apply_rope(heads[:, : h + kv], full_cos, signed_sin)
+            ctx.cache.write(layer, ctx.slots, heads[:, h : h + kv], heads[:, h + kv :])
+        return heads[:, :h], heads[:, h : h + kv], heads[:, h + kv :]
+
     def _forward_paged(self, x: Tensor, ctx: PagedContext) -> Tensor:
         """``x`` is ``[N, hidden]``: decode tokens first, then prefill spans."""
         n, layer, window = x.shape[0], self.layer_idx, ctx.windows.get(self.layer_type, 0)
-        q, k, v = self._qkv(x, ctx.rope[self.layer_type])  # [N, H or K, D]
-        ctx.cache.write(layer, ctx.slots, k, v)
+        q, k, v = self._qkv_paged(x, ctx)  # [N, H or K, D]
         nd = ctx.num_decode
         decode = None
         if nd:
@@ -334,7 +375,10 @@ class GatedMLP(nn.Module):
         del self.gate_proj, self.up_proj
 
     def forward(self, x: Tensor) -> Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        gate_up = self.gate_up_proj(x)
+        if gate_up.device.type == "cpu":
+            return self.down_proj(kernels.ops().gated_activation(gate_up, self.gelu))
+        gate, up = gate_up.chunk(2, dim=-1)
         gate = F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)
         return self.down_proj(gate * up)
 
@@ -408,6 +452,16 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = GatedMLP(config)
 
-    def forward(self, x: Tensor, ctx: ForwardContext | PagedContext) -> Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), ctx)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(
+        self, x: Tensor, residual: Tensor | None, ctx: ForwardContext | PagedContext
+    ) -> tuple[Tensor, Tensor]:
+        """The hidden state is ``x + residual`` (``x`` alone before the first layer).
+
+        Keeping the sum unmade lets one kernel add and normalize (vLLM's layout).
+        """
+        if residual is None:
+            h, residual = self.input_layernorm(x), x
+        else:
+            h, residual = self.input_layernorm.add_forward(x, residual)
+        h, residual = self.post_attention_layernorm.add_forward(self.self_attn(h, ctx), residual)
+        return self.mlp(h), residual

@@ -1,0 +1,18 @@
+// Python bindings of every kernel (one extension module).
+#include <torch/extension.h>
+
+#include "ops.h"
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("paged_decode_attention", &paged_decode_attention,
+        "Decode attention over a paged KV cache (one query token per sequence; window 0 = "
+        "no sliding window)");
+  m.def("rms_norm", &rms_norm, "RMSNorm of rows: x * rsqrt(mean(x^2) + eps) * (offset + w)");
+  m.def("add_rms_norm", &add_rms_norm,
+        "In place: residual += x, then x = rms_norm(residual) (one pass over both)");
+  m.def("rope_and_cache", &rope_and_cache,
+        "In place: rotate the q and k heads of packed qkv rows, then store k and v in the "
+        "paged cache at slots (block * block_size + offset; < 0: not stored)");
+  m.def("gated_activation", &gated_activation,
+        "act(gate) * up of [N, 2I] rows: SiLU, or tanh-GELU when gelu");
+}

@@ -1,0 +1,19 @@
+// The kernels' entry points (bound to Python in bindings.cpp).
+#pragma once
+
+#include <ATen/ATen.h>
+
+at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache,
+                                  const at::Tensor& v_cache, const at::Tensor& block_tables,
+                                  const at::Tensor& seq_lens, double scale, int64_t window);
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, double offset);
+
+void add_rms_norm(at::Tensor& x, at::Tensor& residual, const at::Tensor& weight, double eps,
+                  double offset);
+
+void rope_and_cache(at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin,
+                    int64_t num_heads, int64_t num_kv_heads, at::Tensor& k_cache,
+                    at::Tensor& v_cache, const at::Tensor& slots);
+
+at::Tensor gated_activation(const at::Tensor& gate_up, bool gelu);

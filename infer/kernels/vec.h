@@ -1,0 +1,56 @@
+// Scalar helpers written so that `#pragma omp simd` loops over them vectorize.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+template <typename T>
+inline float to_float(T x) {
+  return static_cast<float>(x);
+}
+
+// bf16 is the top half of a float: widen with a shift the compiler vectorizes.
+template <>
+inline float to_float<c10::BFloat16>(c10::BFloat16 x) {
+  const uint32_t bits = static_cast<uint32_t>(x.x) << 16;
+  float out;
+  std::memcpy(&out, &bits, sizeof(out));
+  return out;
+}
+
+// e^x (relative error ~2e-7): 2^t split into integer and fraction parts, the fraction by a
+// degree-5 polynomial. std::exp stays scalar without -ffast-math, which would change the
+// process's floating-point mode.
+inline float fast_exp(float x) {
+  const float t = std::min(std::max(x, -87.f), 88.f) * 1.44269504088896341f;
+  const float whole = std::floor(t);
+  const float f = t - whole;
+  const float p =
+      1.f + f * (0.693147182f +
+                 f * (0.240226507f + f * (0.0555041087f + f * (0.00961812911f +
+                                                               f * 0.00133335581f))));
+  const int32_t bits = (static_cast<int32_t>(whole) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return p * scale;
+}
+
+// exp for softmax inputs (<= 0).
+inline float exp_nonpositive(float x) { return fast_exp(x); }
+
+// Run fn(begin, end) over [0, n): in this thread when the work is small, since waking the
+// second OpenMP thread (OMP_WAIT_POLICY=PASSIVE) costs tens of microseconds.
+template <typename F>
+inline void for_range(int64_t n, int64_t work, const F& fn) {
+  constexpr int64_t kSerialWork = 1 << 17;
+  if (work < kSerialWork || n < 2) {
+    fn(0, n);
+  } else {
+    at::parallel_for(0, n, 1, fn);
+  }
+}
