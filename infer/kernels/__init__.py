@@ -17,9 +17,9 @@ from types import ModuleType
 
 import torch
 
-SOURCES = ("bindings.cpp", "paged_attention.cpp", "layer_ops.cpp")
+SOURCES = ("bindings.cpp", "paged_attention.cpp", "layer_ops.cpp", "linear.cpp")
 HEADERS = ("ops.h", "vec.h")
-CFLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp")
+CFLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fno-trapping-math", "-fopenmp")
 _lock = threading.Lock()
 
 

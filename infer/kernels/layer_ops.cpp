@@ -23,11 +23,13 @@ _Pragma("omp simd reduction(+ : ss)")
   }
   const float r = 1.f / std::sqrt(ss / static_cast<float>(n) + eps);
   if (offset == 0.f) {
+#pragma omp simd
     for (int64_t i = 0; i < n; ++i)
-      out[i] = static_cast<T>(to_float(static_cast<T>(to_float(x[i]) * r)) * to_float(w[i]));
+      out[i] = from_float<T>(to_float(from_float<T>(to_float(x[i]) * r)) * to_float(w[i]));
   } else {
+#pragma omp simd
     for (int64_t i = 0; i < n; ++i)
-      out[i] = static_cast<T>(to_float(x[i]) * r * (offset + to_float(w[i])));
+      out[i] = from_float<T>(to_float(x[i]) * r * (offset + to_float(w[i])));
   }
 }
 
@@ -74,7 +76,7 @@ void add_rms_norm(at::Tensor& x, at::Tensor& residual, const at::Tensor& weight,
         const scalar_t* add = xp + r * n;
 _Pragma("omp simd")
         for (int64_t i = 0; i < n; ++i)
-          res[i] = static_cast<scalar_t>(to_float(res[i]) + to_float(add[i]));
+          res[i] = from_float<scalar_t>(to_float(res[i]) + to_float(add[i]));
         norm_row(res, wp, xp + r * n, n, static_cast<float>(eps), static_cast<float>(offset));
       }
     });
@@ -124,8 +126,8 @@ void rope_and_cache(at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& si
 _Pragma("omp simd")
           for (int64_t i = 0; i < half; ++i) {
             const float a = to_float(x[i]), b = to_float(x[i + half]);
-            x[i] = static_cast<scalar_t>(a * c[i] - b * s[i]);
-            x[i + half] = static_cast<scalar_t>(b * c[i] + a * s[i]);
+            x[i] = from_float<scalar_t>(a * c[i] - b * s[i]);
+            x[i + half] = from_float<scalar_t>(b * c[i] + a * s[i]);
           }
         }
         if (slot[t] < 0) continue;
@@ -143,6 +145,31 @@ _Pragma("omp simd")
   });
 }
 
+namespace {
+
+template <typename T, bool kGelu>
+void gate_rows(const T* in, T* out, int64_t width, int64_t begin, int64_t end) {
+  for (int64_t r = begin; r < end; ++r) {
+    const T* g = in + r * 2 * width;
+    const T* u = g + width;
+    T* o = out + r * width;
+#pragma omp simd
+    for (int64_t i = 0; i < width; ++i) {
+      const float x = to_float(g[i]);
+      float act;
+      if constexpr (kGelu) {
+        const float y = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+        act = 0.5f * x * (2.f - 2.f / (fast_exp(2.f * y) + 1.f));  // 0.5x(1 + tanh y)
+      } else {
+        act = x / (1.f + fast_exp(-x));
+      }
+      o[i] = from_float<T>(act * to_float(u[i]));
+    }
+  }
+}
+
+}  // namespace
+
 at::Tensor gated_activation(const at::Tensor& gate_up, bool gelu) {
   TORCH_CHECK(gate_up.is_contiguous() && gate_up.size(-1) % 2 == 0,
               "gate_up must be contiguous [..., 2 * intermediate]");
@@ -153,26 +180,11 @@ at::Tensor gated_activation(const at::Tensor& gate_up, bool gelu) {
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, gate_up.scalar_type(), "act", [&] {
     const auto* in = gate_up.data_ptr<scalar_t>();
     auto* op = out.data_ptr<scalar_t>();
-    for_range(rows, rows * width * 8, [&](int64_t begin, int64_t end) {
-      for (int64_t r = begin; r < end; ++r) {
-        const scalar_t* g = in + r * 2 * width;
-        const scalar_t* u = g + width;
-        scalar_t* o = op + r * width;
-        if (gelu) {
-_Pragma("omp simd")
-          for (int64_t i = 0; i < width; ++i) {
-            const float x = to_float(g[i]);
-            const float y = 0.7978845608028654f * (x + 0.044715f * x * x * x);
-            const float tanh_y = 1.f - 2.f / (fast_exp(2.f * y) + 1.f);
-            o[i] = static_cast<scalar_t>(0.5f * x * (1.f + tanh_y) * to_float(u[i]));
-          }
-        } else {
-_Pragma("omp simd")
-          for (int64_t i = 0; i < width; ++i) {
-            const float x = to_float(g[i]);
-            o[i] = static_cast<scalar_t>(x / (1.f + fast_exp(-x)) * to_float(u[i]));
-          }
-        }
+    for_range(rows, rows * width * 4, [&](int64_t begin, int64_t end) {
+      if (gelu) {
+        gate_rows<scalar_t, true>(in, op, width, begin, end);
+      } else {
+        gate_rows<scalar_t, false>(in, op, width, begin, end);
       }
     });
   });

@@ -17,3 +17,10 @@ void rope_and_cache(at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& si
                     at::Tensor& v_cache, const at::Tensor& slots);
 
 at::Tensor gated_activation(const at::Tensor& gate_up, bool gelu);
+
+bool has_bf16_linear();
+
+at::Tensor pack_bf16_linear(const at::Tensor& weight);
+
+at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed, int64_t out_features,
+                       const c10::optional<at::Tensor>& bias, bool out_float);

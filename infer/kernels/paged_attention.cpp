@@ -156,7 +156,7 @@ void attend_one(const Shape& s, int64_t seq, int64_t h, const T* q, const T* k_c
                                               scores.data(), acc.data()); break;
     }
     T* dst = out + seq * s.n_heads * dim + (h * groups + g0) * dim;
-    for (int64_t i = 0; i < n * dim; ++i) dst[i] = static_cast<T>(acc[i]);
+    for (int64_t i = 0; i < n * dim; ++i) dst[i] = from_float<T>(acc[i]);
   }
 }
 

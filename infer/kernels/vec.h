@@ -23,6 +23,24 @@ inline float to_float<c10::BFloat16>(c10::BFloat16 x) {
   return out;
 }
 
+// float -> T, rounding to nearest even. For bf16 this is c10's rounding written without
+// branches (NaN by a select), so that loops over it vectorize; c10's conversion does not.
+template <typename T>
+inline T from_float(float x) {
+  return static_cast<T>(x);
+}
+
+template <>
+inline c10::BFloat16 from_float<c10::BFloat16>(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof(u));
+  const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+  const bool nan = (u & 0x7FFFFFFFu) > 0x7F800000u;
+  c10::BFloat16 out;
+  out.x = static_cast<uint16_t>(nan ? 0x7FC0u : rounded);
+  return out;
+}
+
 // e^x (relative error ~2e-7): 2^t split into integer and fraction parts, the fraction by a
 // degree-5 polynomial. std::exp stays scalar without -ffast-math, which would change the
 // process's floating-point mode.

@@ -13,12 +13,12 @@ from torch import Tensor, nn
 from infer.models.config import ModelConfig
 from infer.models.layers import (
     AttnCapture,
+    Bf16Linear,
     ForwardContext,
-    PackedLinear,
     PagedContext,
     RMSNorm,
     build_mask,
-    can_pack,
+    pack_linear,
     pack_linears,
     rope_angles,
     rope_cos_sin,
@@ -83,23 +83,26 @@ class CausalLM(nn.Module, ABC):
         return self.lm_head.weight
 
     def pack(self) -> None:
-        """Pre-pack every linear weight for oneDNN (CPU bf16/fp32; see :class:`PackedLinear`).
+        """Freeze every linear weight in its fastest packed form (see :func:`pack_linear`).
 
         A tied head gets a packed copy of the embedding (the lookup needs the plain one).
         """
         pack_linears(self)
-        if self.config.tie_word_embeddings and can_pack(self.lm_weight()):
-            self.packed_head = PackedLinear(self.lm_weight(), None)
+        if self.config.tie_word_embeddings:
+            head = pack_linear(self.lm_weight(), None)
+            if head is not None:
+                self.packed_head = head
 
     def logits(self, hidden: Tensor) -> Tensor:
         """Float32 next-token logits of final hidden states."""
-        head = getattr(self, "packed_head", None)
-        if head is not None:
+        tied = self.config.tie_word_embeddings
+        head = getattr(self, "packed_head", None) if tied else self.lm_head
+        if isinstance(head, Bf16Linear):
+            logits = head(hidden, out_float=True)  # float32 straight from the accumulators
+        elif head is not None:
             logits = head(hidden)
-        elif self.config.tie_word_embeddings:
-            logits = F.linear(hidden, self.lm_weight())
         else:
-            logits = self.lm_head(hidden)
+            logits = F.linear(hidden, self.lm_weight())
         logits = logits.float()
         if self.config.final_logit_softcapping is not None:
             cap = self.config.final_logit_softcapping

@@ -433,11 +433,41 @@ class PackedLinear(nn.Module):
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
 
+class Bf16Linear(nn.Module):
+    """A frozen bf16 ``Linear`` run by our AVX512-BF16 kernel (``infer/kernels/linear.cpp``).
+
+    At decode's row counts it beats oneDNN's packed linear (the model's linears at 1 row:
+    8.9 vs 19.3 ms; 16 rows: 15.8 vs 19.9; 64 rows: 42.7 vs 50.5) and matches it at 1024.
+    Each output is accumulated in the same order whatever the number of rows.
+    """
+
+    def __init__(self, weight: Tensor, bias: Tensor | None) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.packed = kernels.ops().pack_bf16_linear(weight.detach())
+        self.bias = bias
+
+    def forward(self, x: Tensor, out_float: bool = False) -> Tensor:
+        """``x @ W.T + b``; ``out_float`` returns float32 without rounding to bf16."""
+        return kernels.ops().bf16_linear(x, self.packed, self.out_features, self.bias, out_float)
+
+
+def pack_linear(weight: Tensor, bias: Tensor | None) -> nn.Module | None:
+    """The fastest frozen form of a linear layer on this machine, or ``None`` (keep it)."""
+    if (weight.device.type == "cpu" and weight.dtype == torch.bfloat16
+            and weight.shape[1] % 2 == 0 and kernels.ops().has_bf16_linear()):
+        return Bf16Linear(weight, bias)
+    if can_pack(weight):
+        return PackedLinear(weight, bias)
+    return None
+
+
 def pack_linears(module: nn.Module) -> None:
-    """Replace every CPU bf16/fp32 ``nn.Linear`` below ``module`` with a :class:`PackedLinear`."""
+    """Replace every CPU bf16/fp32 ``nn.Linear`` below ``module`` with a frozen, packed one."""
     for name, child in list(module.named_children()):
-        if isinstance(child, nn.Linear) and can_pack(child.weight):
-            setattr(module, name, PackedLinear.from_linear(child))
+        packed = pack_linear(child.weight, child.bias) if isinstance(child, nn.Linear) else None
+        if packed is not None:
+            setattr(module, name, packed)
         else:
             pack_linears(child)
 
