@@ -324,9 +324,15 @@ class Attention(nn.Module):
             keys, values = ctx.cache.gather(self.layer_idx, ctx.seq_blocks[seq],
                                             span.start + span.length)
         mask = span.masks.get(self.layer_type)
+        # Contiguous, with each KV head repeated for its query heads: SDPA's CPU kernel runs
+        # a 1024-token span in 16-21 ms per layer so, against 26-30 ms given strided views
+        # and enable_gqa.
+        groups = self.num_heads // self.num_kv_heads
         out = F.scaled_dot_product_attention(
-            q.transpose(0, 1).unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0),
-            attn_mask=mask, is_causal=mask is None, scale=self.scale, enable_gqa=True,
+            q.transpose(0, 1).contiguous().unsqueeze(0),
+            keys.repeat_interleave(groups, 0).unsqueeze(0),
+            values.repeat_interleave(groups, 0).unsqueeze(0),
+            attn_mask=mask, is_causal=mask is None, scale=self.scale,
         )  # [1, H, T, D]
         return out[0].transpose(0, 1)
 
