@@ -15,6 +15,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "paged cache at slots (block * block_size + offset; < 0: not stored)");
   m.def("gated_activation", &gated_activation,
         "act(gate) * up of [N, 2I] rows: SiLU, or tanh-GELU when gelu");
+  m.def("prefill_attention", &prefill_attention,
+        "Causal attention of q [T, H, D] at positions start.. over k, v [K, S, D] (bf16; "
+        "window 0 = none)");
   m.def("has_bf16_linear", &has_bf16_linear, "whether this build has the AVX512-BF16 linear");
   m.def("pack_bf16_linear", &pack_bf16_linear, "pack a bf16 [N, K] weight for bf16_linear");
   m.def("bf16_linear", &bf16_linear, "x @ W.T + bias with a packed bf16 weight",

@@ -41,17 +41,18 @@ inline c10::BFloat16 from_float<c10::BFloat16>(float x) {
   return out;
 }
 
-// e^x (relative error ~2e-7): 2^t split into integer and fraction parts, the fraction by a
-// degree-5 polynomial. std::exp stays scalar without -ffast-math, which would change the
-// process's floating-point mode.
+// e^x (relative error ~2e-7): 2^t split into the nearest integer and a fraction in
+// [-0.5, 0.5], the fraction by its degree-6 Taylor polynomial. std::exp stays scalar without
+// -ffast-math, which would change the process's floating-point mode.
 inline float fast_exp(float x) {
   const float t = std::min(std::max(x, -87.f), 88.f) * 1.44269504088896341f;
-  const float whole = std::floor(t);
+  const float whole = std::floor(t + 0.5f);
   const float f = t - whole;
   const float p =
       1.f + f * (0.693147182f +
-                 f * (0.240226507f + f * (0.0555041087f + f * (0.00961812911f +
-                                                               f * 0.00133335581f))));
+                 f * (0.240226507f +
+                      f * (0.0555041087f +
+                           f * (0.00961812911f + f * (0.00133335581f + f * 0.000154035304f)))));
   const int32_t bits = (static_cast<int32_t>(whole) + 127) << 23;
   float scale;
   std::memcpy(&scale, &bits, sizeof(scale));

@@ -323,6 +323,10 @@ class Attention(nn.Module):
             seq = ctx.num_decode + ctx.spans.index(span)
             keys, values = ctx.cache.gather(self.layer_idx, ctx.seq_blocks[seq],
                                             span.start + span.length)
+        if _bf16_kernels(q) and self.head_dim % 64 == 0:
+            window = ctx.windows.get(self.layer_type, 0)
+            return kernels.ops().prefill_attention(q, keys, values, self.scale, span.start,
+                                                   window)  # [T, H, D]
         mask = span.masks.get(self.layer_type)
         # Contiguous, with each KV head repeated for its query heads: SDPA's CPU kernel runs
         # a 1024-token span in 16-21 ms per layer so, against 26-30 ms given strided views
@@ -439,6 +443,12 @@ class PackedLinear(nn.Module):
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
 
+def _bf16_kernels(x: Tensor) -> bool:
+    """Whether ``x`` can go through the AVX512-BF16 kernels (bf16 on a CPU that has them)."""
+    return (x.device.type == "cpu" and x.dtype == torch.bfloat16
+            and kernels.ops().has_bf16_linear())
+
+
 class Bf16Linear(nn.Module):
     """A frozen bf16 ``Linear`` run by our AVX512-BF16 kernel (``infer/kernels/linear.cpp``).
 
@@ -460,8 +470,7 @@ class Bf16Linear(nn.Module):
 
 def pack_linear(weight: Tensor, bias: Tensor | None) -> nn.Module | None:
     """The fastest frozen form of a linear layer on this machine, or ``None`` (keep it)."""
-    if (weight.device.type == "cpu" and weight.dtype == torch.bfloat16
-            and weight.shape[1] % 2 == 0 and kernels.ops().has_bf16_linear()):
+    if _bf16_kernels(weight) and weight.shape[1] % 2 == 0:
         return Bf16Linear(weight, bias)
     if can_pack(weight):
         return PackedLinear(weight, bias)

@@ -42,3 +42,120 @@ def test_kernel_refuses_mismatched_shapes() -> None:
     lens = torch.ones(2, dtype=torch.int32)
     with pytest.raises(RuntimeError, match="head dims differ|must be"):
         kernels.ops().paged_decode_attention(q, k, v, tables, lens, 1.0, 0)
+
+
+needs_bf16 = pytest.mark.skipif(not kernels.ops().has_bf16_linear(),
+                                reason="this CPU has no AVX512-BF16")
+
+
+@needs_bf16
+@pytest.mark.parametrize("rows", [1, 3, 4, 17, 64, 130])
+@pytest.mark.parametrize("out_features,bias", [(960, False), (100, True), (49, False)])
+def test_bf16_linear_matches_float_matmul(rows: int, out_features: int, bias: bool) -> None:
+    """Every row count and ragged column tails; the same row gives the same output in any batch."""
+    gen = torch.Generator().manual_seed(rows * out_features)
+    w = torch.randn(out_features, 576, generator=gen).bfloat16()
+    b = torch.randn(out_features, generator=gen).bfloat16() if bias else None
+    x = torch.randn(rows, 576, generator=gen).bfloat16()
+    packed = kernels.ops().pack_bf16_linear(w)
+    got = kernels.ops().bf16_linear(x, packed, out_features, b, True)
+    want = torch.nn.functional.linear(x.float(), w.float(), None if b is None else b.float())
+    torch.testing.assert_close(got, want, atol=2e-3 * want.abs().max().item(), rtol=1e-3)
+    rounded = kernels.ops().bf16_linear(x, packed, out_features, b, False)
+    assert rounded.dtype == torch.bfloat16 and torch.equal(rounded, got.bfloat16())
+    alone = kernels.ops().bf16_linear(x[-1:], packed, out_features, b, True)
+    assert torch.equal(alone[0], got[-1])  # batch invariant
+
+
+def _attention_reference(q, k, v, scale: float, start: int, window: int) -> torch.Tensor:
+    t, h, _ = q.shape
+    kv, s, _ = k.shape
+    q_pos = torch.arange(start, start + t)[:, None]
+    k_pos = torch.arange(s)[None]
+    mask = k_pos <= q_pos
+    if window:
+        mask &= k_pos > q_pos - window
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q.float().transpose(0, 1), k.float().repeat_interleave(h // kv, 0),
+        v.float().repeat_interleave(h // kv, 0), attn_mask=mask, scale=scale)
+    return out.transpose(0, 1)
+
+
+@needs_bf16
+@pytest.mark.parametrize("t,s,heads,kv,dim,window", [
+    (37, 37, 9, 3, 64, 0), (16, 50, 9, 3, 64, 0), (100, 100, 4, 1, 256, 20),
+    (1, 33, 8, 8, 128, 0), (70, 90, 6, 2, 64, 7)])
+def test_prefill_attention_matches_reference(t, s, heads, kv, dim, window) -> None:
+    """A span at positions s - t .. s - 1 over s keys: causal, windowed, any GQA grouping."""
+    gen = torch.Generator().manual_seed(t + s + dim)
+    qkv = torch.randn(t, heads + 2 * kv, dim, generator=gen).bfloat16()
+    q = qkv[:, :heads]  # a strided view, as the model passes it
+    k = torch.randn(kv, s, dim, generator=gen).bfloat16()
+    v = torch.randn(kv, s, dim, generator=gen).bfloat16()
+    got = kernels.ops().prefill_attention(q, k, v, dim**-0.5, s - t, window)
+    want = _attention_reference(q, k, v, dim**-0.5, s - t, window)
+    torch.testing.assert_close(got.float(), want, atol=3e-2, rtol=3e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("offset", [0.0, 1.0])
+def test_norm_kernels_match_torch(dtype, offset: float) -> None:
+    from infer.models.layers import RMSNorm
+
+    gen = torch.Generator().manual_seed(int(offset))
+    norm = RMSNorm(96, 1e-6, offset)
+    norm.weight.data = torch.randn(96, generator=gen)
+    norm = norm.to(dtype)
+    x = torch.randn(5, 96, generator=gen).to(dtype)
+    residual = torch.randn(5, 96, generator=gen).to(dtype)
+    want = norm(x.transpose(0, 1).contiguous().transpose(0, 1))  # strided: the torch path
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(kernels.ops().rms_norm(x, norm.weight, 1e-6, offset), want, **tol)
+    summed = residual + x
+    normed, new_residual = norm.add_forward(x.clone(), residual.clone())
+    assert torch.equal(new_residual, summed)
+    torch.testing.assert_close(normed, norm(summed.transpose(0, 1).contiguous().transpose(0, 1)),
+                               **tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("gelu", [False, True])
+def test_gated_activation_matches_torch(dtype, gelu: bool) -> None:
+    x = torch.randn(7, 2 * 80, generator=torch.Generator().manual_seed(1)).to(dtype) * 4
+    gate, up = x.float().chunk(2, dim=-1)
+    act = torch.nn.functional.gelu(gate, approximate="tanh") if gelu else torch.nn.functional.silu(gate)
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=3e-2, rtol=1e-2)
+    torch.testing.assert_close(kernels.ops().gated_activation(x, gelu).float(), act * up, **tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rope_and_cache_rotates_and_stores(dtype) -> None:
+    """q and k heads rotated in place like apply_rope; k and v land in their slots; -1 skips."""
+    from infer.models.layers import apply_rope
+
+    heads, kv, dim, block, n = 4, 2, 16, 4, 6
+    gen = torch.Generator().manual_seed(2)
+    qkv = torch.randn(n, (heads + 2 * kv) * dim, generator=gen).to(dtype)
+    positions = torch.tensor([0, 1, 5, 9, 3, 7])
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, dim, 2).float() / dim))
+    freqs = positions.float()[:, None] * inv_freq
+    k_cache = torch.zeros(5, kv, dim, block, dtype=dtype)
+    v_cache = torch.zeros(5, kv, block, dim, dtype=dtype)
+    slots = torch.tensor([4, 5, 6, 17, -1, 0])
+    before = qkv.view(n, -1, dim).float().clone()
+    kernels.ops().rope_and_cache(qkv, freqs.cos(), freqs.sin(), heads, kv, k_cache, v_cache,
+                                 slots)
+    cos = torch.cat((freqs.cos(), freqs.cos()), -1)[:, None]
+    sin = torch.cat((-freqs.sin(), freqs.sin()), -1)[:, None]
+    rotated = apply_rope(before[:, : heads + kv], cos, sin)
+    after = qkv.view(n, -1, dim).float()
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=3e-2, rtol=1e-2)
+    torch.testing.assert_close(after[:, : heads + kv], rotated, **tol)
+    assert torch.equal(after[:, heads + kv :], before[:, heads + kv :])  # values untouched
+    for i, slot in enumerate(slots.tolist()):
+        if slot < 0:
+            continue
+        b, off = divmod(slot, block)
+        assert torch.equal(k_cache[b, :, :, off], qkv.view(n, -1, dim)[i, heads : heads + kv])
+        assert torch.equal(v_cache[b, :, off], qkv.view(n, -1, dim)[i, heads + kv :])
+    assert int((k_cache != 0).any(dim=(1, 2)).sum()) == 5  # the five stored slots, no others
