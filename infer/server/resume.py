@@ -108,8 +108,11 @@ class ResumableStream:
                     yield SUPERSEDED
                     return
                 if position < len(self.events):
-                    yield b"".join(self.events[position:])
-                    position = len(self.events)
+                    # Take the slice before yielding: the producer appends while we are
+                    # suspended in the yield, and those events must not be skipped.
+                    pending = self.events[position:]
+                    position += len(pending)
+                    yield b"".join(pending)
                 elif self.finished:
                     return
                 elif not await self._wait(self.heartbeat_s):

@@ -123,7 +123,8 @@ def test_norm_kernels_match_torch(dtype, offset: float) -> None:
 def test_gated_activation_matches_torch(dtype, gelu: bool) -> None:
     x = torch.randn(7, 2 * 80, generator=torch.Generator().manual_seed(1)).to(dtype) * 4
     gate, up = x.float().chunk(2, dim=-1)
-    act = torch.nn.functional.gelu(gate, approximate="tanh") if gelu else torch.nn.functional.silu(gate)
+    f = torch.nn.functional
+    act = f.gelu(gate, approximate="tanh") if gelu else f.silu(gate)
     tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=3e-2, rtol=1e-2)
     torch.testing.assert_close(kernels.ops().gated_activation(x, gelu).float(), act * up, **tol)
 

@@ -112,3 +112,23 @@ def test_malloc_arenas_are_capped_unless_the_environment_says(monkeypatch) -> No
     assert limit_malloc_arenas() is False  # the operator's setting wins
     monkeypatch.delenv("MALLOC_ARENA_MAX")
     assert limit_malloc_arenas() is True  # glibc (this machine): mallopt accepted it
+
+
+async def test_a_resume_reader_never_skips_events_appended_while_it_sends() -> None:
+    """Events logged while the reader is suspended sending its last batch come next."""
+    from infer.server.resume import ResumableStream, number_events
+
+    stream = ResumableStream("job", "key", window_s=10, heartbeat_s=10)
+
+    def log(i: int) -> None:
+        stream.events += number_events(sse.event({"i": i}, "token"), len(stream.events))
+
+    log(0)
+    reader = stream.read(-1)
+    first = await reader.__anext__()
+    log(1)  # the reader is suspended in its yield: it has not asked for more yet
+    log(2)
+    stream.finished = True
+    rest = [blob async for blob in reader]
+    ids = [e.id for e in parse_sse((first + b"".join(rest)).decode())]
+    assert ids == ["0", "1", "2"]
