@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "ops.h"
@@ -53,6 +54,25 @@ inline void score_block(const float* qf, const T* keys, int64_t dim, int64_t blo
     }
   }
 }
+
+#if defined(__AVX512F__)
+// The same for bf16 blocks of 16 keys, in registers: GCC spills the widened key row of the
+// generic loop to the stack and reloads it for every FMA.
+template <int64_t kG>
+inline void score_block_bf16(const float* qf, const c10::BFloat16* keys, int64_t dim,
+                             float (*part)[16]) {
+  __m512 acc[kG];
+  for (int64_t g = 0; g < kG; ++g) acc[g] = _mm512_setzero_ps();
+  const auto* rows = reinterpret_cast<const __m256i*>(keys);
+  for (int64_t i = 0; i < dim; ++i) {
+    const __m512 k = _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(rows + i)), 16));
+    for (int64_t g = 0; g < kG; ++g)
+      acc[g] = _mm512_fmadd_ps(_mm512_set1_ps(qf[g * dim + i]), k, acc[g]);
+  }
+  for (int64_t g = 0; g < kG; ++g) _mm512_storeu_ps(part[g], acc[g]);
+}
+#endif
 
 // Weighted sum of values for kG query heads: each value row is widened once and feeds kG
 // register-resident accumulators.
@@ -96,16 +116,22 @@ void attend_chunk(const Shape& s, int64_t h, const float* qf, const T* k_cache, 
     if (pos + n < end) prefetch(k_cache + table[(pos + n) / block] * block_elems + h * dim * block,
                                 dim * block * sizeof(T));
     float part[kG][kBlock ? kBlock : 256];
+#if defined(__AVX512F__)
+    if constexpr (std::is_same_v<T, c10::BFloat16> && kBlock == 16) {
+      score_block_bf16<kG>(qf, keys, dim, part);
+    } else {
+      score_block<T, kD, kBlock, kG>(qf, keys, dim, block, part);
+    }
+#else
     score_block<T, kD, kBlock, kG>(qf, keys, dim, block, part);
+#endif
     for (int64_t g = 0; g < kG; ++g)
       for (int64_t j = 0; j < n; ++j) scores[g * len + pos - first + j] = part[g][offset + j];
     pos += n;
   }
   for (int64_t g = 0; g < kG; ++g) {
     float* sg = scores + g * len;
-    float mx = -std::numeric_limits<float>::infinity();
-#pragma omp simd reduction(max : mx)
-    for (int64_t t = 0; t < len; ++t) mx = std::max(mx, sg[t]);
+    const float mx = row_max(sg, len);
     float sum = 0.f;
 #pragma omp simd reduction(+ : sum)
     for (int64_t t = 0; t < len; ++t) {

@@ -135,9 +135,7 @@ at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k, const at:
         const int64_t first = window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
         float* sr = scores.data() + r * padded;
         uint16_t* pr = probs.data() + r * padded;
-        float mx = -std::numeric_limits<float>::infinity();
-#pragma omp simd reduction(max : mx)
-        for (int64_t j = first; j <= pos; ++j) mx = std::max(mx, sr[j]);
+        const float mx = row_max(sr + first, pos + 1 - first);
         float sum = 0.f;
 #pragma omp simd reduction(+ : sum)
         for (int64_t j = first; j <= pos; ++j) {
