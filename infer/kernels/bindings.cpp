@@ -3,24 +3,28 @@
 
 #include "ops.h"
 
+// Every kernel runs without the GIL (they touch no Python objects): the event loop thread
+// keeps serving streams while the engine thread computes.
+using NoGil = py::call_guard<py::gil_scoped_release>;
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode_attention", &paged_decode_attention,
         "Decode attention over a paged KV cache (one query token per sequence; window 0 = "
-        "no sliding window)");
-  m.def("rms_norm", &rms_norm, "RMSNorm of rows: x * rsqrt(mean(x^2) + eps) * (offset + w)");
+        "no sliding window)", NoGil());
+  m.def("rms_norm", &rms_norm, "RMSNorm of rows: x * rsqrt(mean(x^2) + eps) * (offset + w)", NoGil());
   m.def("add_rms_norm", &add_rms_norm,
-        "In place: residual += x, then x = rms_norm(residual) (one pass over both)");
+        "In place: residual += x, then x = rms_norm(residual) (one pass over both)", NoGil());
   m.def("rope_and_cache", &rope_and_cache,
         "In place: rotate the q and k heads of packed qkv rows, then store k and v in the "
-        "paged cache at slots (block * block_size + offset; < 0: not stored)");
+        "paged cache at slots (block * block_size + offset; < 0: not stored)", NoGil());
   m.def("gated_activation", &gated_activation,
-        "act(gate) * up of [N, 2I] rows: SiLU, or tanh-GELU when gelu");
+        "act(gate) * up of [N, 2I] rows: SiLU, or tanh-GELU when gelu", NoGil());
   m.def("prefill_attention", &prefill_attention,
         "Causal attention of q [T, H, D] at positions start.. over k, v [K, S, D] (bf16; "
-        "window 0 = none)");
-  m.def("has_bf16_linear", &has_bf16_linear, "whether this build has the AVX512-BF16 linear");
-  m.def("pack_bf16_linear", &pack_bf16_linear, "pack a bf16 [N, K] weight for bf16_linear");
+        "window 0 = none)", NoGil());
+  m.def("has_bf16_linear", &has_bf16_linear, "whether this build has the AVX512-BF16 linear", NoGil());
+  m.def("pack_bf16_linear", &pack_bf16_linear, "pack a bf16 [N, K] weight for bf16_linear", NoGil());
   m.def("bf16_linear", &bf16_linear, "x @ W.T + bias with a packed bf16 weight",
         py::arg("x"), py::arg("packed"), py::arg("out_features"), py::arg("bias") = py::none(),
-        py::arg("out_float") = false);
+        py::arg("out_float") = false, NoGil());
 }
