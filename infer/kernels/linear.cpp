@@ -26,6 +26,7 @@ namespace {
 
 constexpr int64_t kLanes = 16;      // output columns per packed block
 constexpr int64_t kCols = 4;        // packed blocks per tile (64 columns)
+constexpr int64_t kRows = 6;        // rows per tile: 24 accumulators + 4 weights + 1 broadcast
 constexpr int64_t kRowBlock = 64;   // rows per pass over the weights
 
 // One tile: rows [0, R) of x against column blocks [0, C) starting at w.
@@ -70,6 +71,8 @@ inline void rows_tile(int64_t rows, const c10::BFloat16* x, int64_t ldx, const c
                       int64_t block_stride, int64_t k_pairs, const float* bias,
                       int64_t cols_left, void* out, int64_t ldo, bool out_float) {
   switch (rows) {
+    case 6: return tile<6, C>(x, ldx, w, block_stride, k_pairs, bias, cols_left, out, ldo, out_float);
+    case 5: return tile<5, C>(x, ldx, w, block_stride, k_pairs, bias, cols_left, out, ldo, out_float);
     case 4: return tile<4, C>(x, ldx, w, block_stride, k_pairs, bias, cols_left, out, ldo, out_float);
     case 3: return tile<3, C>(x, ldx, w, block_stride, k_pairs, bias, cols_left, out, ldo, out_float);
     case 2: return tile<2, C>(x, ldx, w, block_stride, k_pairs, bias, cols_left, out, ldo, out_float);
@@ -136,8 +139,8 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed, int64_t ou
         const auto* w = wp + g * kCols * block_stride;
         const float* bg = bp ? bp + col : nullptr;
         const int64_t nblocks = std::min<int64_t>(kCols, blocks - g * kCols);
-        for (int64_t r = r0; r < r1; r += 4) {
-          const int64_t nr = std::min<int64_t>(4, r1 - r);
+        for (int64_t r = r0; r < r1; r += kRows) {
+          const int64_t nr = std::min<int64_t>(kRows, r1 - r);
           void* o = op + (r * out_features + col) * elem;
           const auto* xr = xp + r * k;
           switch (nblocks) {
