@@ -120,3 +120,36 @@ def test_cli_reads_prompts_from_stdin(
     assert cli.main(argv) == 0
     out = capsys.readouterr().out
     assert out.count("\n") >= 2 and "Paris" in out
+
+
+@pytest.mark.skipif(not __import__("infer.kernels", fromlist=["ops"]).ops().has_bf16_linear(),
+                    reason="bf16 batch invariance needs the AVX512-BF16 kernels")
+def test_bf16_engine_output_is_the_same_alone_and_batched(default_model: LoadedModel) -> None:
+    """bf16 through the CPU kernels: a request's greedy tokens do not depend on its batch
+    (other requests decoding beside it, its prompt prefilled in chunks with theirs)."""
+    import random
+
+    from infer.bench.workloads import PromptSource
+    from infer.engine.config import EngineConfig
+    from infer.engine.engine import Engine
+
+    rng = random.Random(1)
+    source = PromptSource(default_model.tokenizer)
+    prompts = [list(source.prompt(rng.randint(20, 200), rng)) for _ in range(5)]
+
+    def run(batch: list[list[int]]) -> list[list[int]]:
+        engine = Engine(EngineConfig(max_batch_size=8, prefill_token_budget=96),
+                        default_model.model, default_model.tokenizer, default_model.eos_token_ids)
+        params = SamplingParams(max_new_tokens=24, temperature=0.0, ignore_eos=True)
+        ids = [engine.add_request(p, params).request_id for p in batch]
+        tokens: dict[str, list[int]] = {i: [] for i in ids}
+        with torch.inference_mode():
+            while engine.has_work():
+                for out in engine.step():
+                    if out.token_id is not None:
+                        tokens[out.request_id].append(out.token_id)
+        return [tokens[i] for i in ids]
+
+    together = run(prompts)
+    assert [run([p])[0] for p in prompts] == together
+    assert all(len(t) == 24 for t in together)
