@@ -18,7 +18,7 @@ from infer.engine.request import Request
 from infer.engine.scheduler import SchedulerOutput
 from infer.models.base import CausalLM
 from infer.models.kv_cache import PagedKVCache
-from infer.models.layers import AttnCapture, PagedContext, PrefillSpan, build_mask
+from infer.models.layers import AttnCapture, PagedContext, PrefillSpan
 
 
 @dataclass
@@ -68,8 +68,6 @@ class ModelRunner:
             slots += [table[p // size] * size + p % size for p in span_positions]
             ends.append(c.start + c.length)
             last.append(len(ids) - 1)
-        for span in spans:
-            _masks(self.model, span)
         device = self.model.device
         width = max((len(t) for t in tables[:nd]), default=0)
         ctx = PagedContext(
@@ -97,17 +95,6 @@ class ModelRunner:
             self.blocks.commit(r.request_id, r.token_ids, r.num_cached)
         requests = [seqs[i] for i in finishing]
         return RunnerOutput(requests, out.logits, _trace_rows(requests, out.attn, finishing))
-
-def _masks(model: CausalLM, span: PrefillSpan) -> None:
-    """Masks ``[T, S]`` for a span that attends past its own tokens, or through a window."""
-    window, device = model.config.sliding_window, model.device
-    q_pos = torch.arange(span.start, span.start + span.length, device=device)[None]
-    k_pos = torch.arange(span.start + span.length, device=device)[None]
-    for kind in set(model.config.layer_types):
-        kind_window = window if kind == "sliding" else None
-        if span.start > 0 or kind_window is not None:
-            span.masks[kind] = build_mask(q_pos, k_pos, None, kind_window)[0, 0]
-
 
 def _capture_for(requests: list[Request]) -> AttnCapture | None:
     layers = frozenset(
@@ -158,8 +145,6 @@ def forward_sequence(
         seq_ends=[start + n],
         last_token=[n - 1],
     )
-    if not decode:
-        _masks(model, span)
     out = model.forward_paged(torch.tensor(ids, device=device),
                               torch.tensor(positions, device=device), ctx,
                               torch.tensor([n - 1], device=device))

@@ -117,14 +117,11 @@ void attend_chunk(const Shape& s, int64_t h, const float* qf, const T* k_cache, 
                                 dim * block * sizeof(T));
     float part[kG][kBlock ? kBlock : 256];
 #if defined(__AVX512F__)
-    if constexpr (std::is_same_v<T, c10::BFloat16> && kBlock == 16) {
+    if constexpr (std::is_same_v<T, c10::BFloat16> && kBlock == 16)
       score_block_bf16<kG>(qf, keys, dim, part);
-    } else {
-      score_block<T, kD, kBlock, kG>(qf, keys, dim, block, part);
-    }
-#else
-    score_block<T, kD, kBlock, kG>(qf, keys, dim, block, part);
+    else
 #endif
+      score_block<T, kD, kBlock, kG>(qf, keys, dim, block, part);
     for (int64_t g = 0; g < kG; ++g)
       for (int64_t j = 0; j < n; ++j) scores[g * len + pos - first + j] = part[g][offset + j];
     pos += n;
@@ -135,7 +132,7 @@ void attend_chunk(const Shape& s, int64_t h, const float* qf, const T* k_cache, 
     float sum = 0.f;
 #pragma omp simd reduction(+ : sum)
     for (int64_t t = 0; t < len; ++t) {
-      sg[t] = exp_nonpositive(sg[t] - mx);
+      sg[t] = fast_exp(sg[t] - mx);
       sum += sg[t];
     }
     const float inv = 1.f / sum;

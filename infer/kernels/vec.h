@@ -83,8 +83,6 @@ inline float row_max(const float* x, int64_t n) {
 #endif
 }
 
-// exp for softmax inputs (<= 0).
-inline float exp_nonpositive(float x) { return fast_exp(x); }
 
 // Run fn(begin, end) over [0, n): in this thread when the work is small, since waking the
 // second OpenMP thread (OMP_WAIT_POLICY=PASSIVE) costs tens of microseconds.

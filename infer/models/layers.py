@@ -71,19 +71,22 @@ def rope_inv_freq(rope: RopeConfig, head_dim: int) -> Tensor:
 
 
 def rope_cos_sin(inv_freq: Tensor, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """cos and signed sin ``[B, T, 1, D]`` for the given positions ``[B, T]``.
+    """cos and signed sin ``[B, T, 1, D]`` for the given positions ``[B, T]``."""
+    return rope_tables(*rope_angles(inv_freq, positions), dtype)
+
+
+def rope_tables(cos: Tensor, sin: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """:func:`apply_rope`'s cos and signed sin ``[..., 1, D]`` from half-size angles.
 
     The sin's first half is negated so that :func:`apply_rope` can rotate with one ``roll``.
     """
-    freqs = positions.to(torch.float32).unsqueeze(-1) * inv_freq  # [B, T, D/2]
-    cos, sin = freqs.cos(), freqs.sin()
-    cos = torch.cat((cos, cos), dim=-1).unsqueeze(2)
-    sin = torch.cat((-sin, sin), dim=-1).unsqueeze(2)
-    return cos.to(dtype), sin.to(dtype)
+    full_cos = torch.cat((cos, cos), dim=-1).unsqueeze(-2)
+    signed_sin = torch.cat((-sin, sin), dim=-1).unsqueeze(-2)
+    return full_cos.to(dtype), signed_sin.to(dtype)
 
 
 def rope_angles(inv_freq: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
-    """float32 cos and sin ``[N, D/2]`` of packed tokens at ``positions`` ``[N]``."""
+    """float32 cos and sin ``[..., D/2]`` of tokens at ``positions`` (any shape)."""
     freqs = positions.to(torch.float32).unsqueeze(-1) * inv_freq
     return freqs.cos(), freqs.sin()
 
@@ -128,7 +131,19 @@ class PrefillSpan:
     offset: int
     length: int
     start: int
-    masks: dict[str, Tensor] = field(default_factory=dict)  # kind → [T, S]; absent = causal
+    masks: dict[str, Tensor] = field(default_factory=dict)  # kind → [T, S], built on demand
+
+    def mask(self, kind: str, window: int, device: torch.device) -> Tensor | None:
+        """``[T, S]`` for a span that attends past its own tokens or through a window (``None``:
+        plain causal over its own tokens); built once per layer kind, only where needed (the
+        CPU prefill kernel masks by position itself)."""
+        if self.start == 0 and not window:
+            return None
+        if kind not in self.masks:
+            q_pos = torch.arange(self.start, self.start + self.length, device=device)[None]
+            k_pos = torch.arange(self.start + self.length, device=device)[None]
+            self.masks[kind] = build_mask(q_pos, k_pos, None, window or None)[0, 0]
+        return self.masks[kind]
 
 
 @dataclass
@@ -284,9 +299,7 @@ class Attention(nn.Module):
             kernels.ops().rope_and_cache(qkv, cos, sin, h, kv, ctx.cache.k[layer],
                                          ctx.cache.v[layer], ctx.slots)
         else:
-            full_cos = torch.cat((cos, cos), dim=-1).unsqueeze(1).to(x.dtype)
-            signed_sin = torch.cat((-sin, sin), dim=-1).unsqueeze(1).to(x.dtype)
-            heads[:, : h + kv] = apply_rope(heads[:, : h + kv], full_cos, signed_sin)
+            heads[:, : h + kv] = apply_rope(heads[:, : h + kv], *rope_tables(cos, sin, x.dtype))
             ctx.cache.write(layer, ctx.slots, heads[:, h : h + kv], heads[:, h + kv :])
         return heads[:, :h], heads[:, h : h + kv], heads[:, h + kv :]
 
@@ -323,11 +336,11 @@ class Attention(nn.Module):
             seq = ctx.num_decode + ctx.spans.index(span)
             keys, values = ctx.cache.gather(self.layer_idx, ctx.seq_blocks[seq],
                                             span.start + span.length)
+        window = ctx.windows.get(self.layer_type, 0)
         if _bf16_kernels(q) and self.head_dim % 64 == 0:
-            window = ctx.windows.get(self.layer_type, 0)
             return kernels.ops().prefill_attention(q, keys, values, self.scale, span.start,
                                                    window)  # [T, H, D]
-        mask = span.masks.get(self.layer_type)
+        mask = span.mask(self.layer_type, window, q.device)
         # Contiguous, with each KV head repeated for its query heads: SDPA's CPU kernel runs
         # a 1024-token span in 16-21 ms per layer so, against 26-30 ms given strided views
         # and enable_gqa.
