@@ -27,7 +27,7 @@ class EngineConfig:
         batch_wait_timeout_s: Static mode: how long to wait for a batch to fill.
         prefill_token_budget: Prompt tokens prefilled per step; longer prompts are
             chunked across steps so running streams keep decoding.
-        block_size: Tokens per block of the paged KV cache.
+        block_size: Tokens per block of the paged KV cache (even).
         kv_cache_gb: KV cache budget in GB (``None``: 0.75 GB, or less when
             ``max_batch_size`` requests of ``max_seq_len`` tokens need less). When it is
             full, new requests wait and running ones may be preempted (recomputed later).
@@ -64,6 +64,8 @@ class EngineConfig:
         for name in ("max_seq_len", "max_batch_size", "prefill_token_budget", "block_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.block_size % 2:  # the cache keeps pairs of positions together
+            raise ValueError(f"block_size must be even, got {self.block_size}")
         if self.max_waiting_requests < 1:  # 0 would refuse every request
             raise ValueError(f"max_waiting_requests must be >= 1, got {self.max_waiting_requests}")
         if self.batch_wait_timeout_s < 0:

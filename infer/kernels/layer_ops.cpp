@@ -95,14 +95,15 @@ void rope_and_cache(at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& si
                   cos.is_contiguous() && sin.is_contiguous() && cos.dim() == 2 &&
                   sin.sizes() == cos.sizes() && cos.size(0) == tokens && cos.size(1) == half,
               "cos and sin must be contiguous float32 [N, head_dim / 2]");
-  TORCH_CHECK(k_cache.dim() == 4 && v_cache.dim() == 4 && k_cache.is_contiguous() &&
+  TORCH_CHECK(k_cache.dim() == 5 && v_cache.dim() == 5 && k_cache.is_contiguous() &&
                   v_cache.is_contiguous() && k_cache.size(1) == num_kv_heads &&
-                  k_cache.size(2) == dim && v_cache.size(3) == dim &&
-                  v_cache.size(2) == k_cache.size(3) && v_cache.size(0) == k_cache.size(0) &&
+                  k_cache.size(2) * 2 == dim && k_cache.size(4) == 2 && v_cache.size(3) == dim &&
+                  v_cache.size(4) == 2 && v_cache.size(2) * 2 == k_cache.size(3) &&
+                  v_cache.size(0) == k_cache.size(0) && v_cache.size(1) == num_kv_heads &&
                   k_cache.scalar_type() == qkv.scalar_type() &&
                   v_cache.scalar_type() == qkv.scalar_type(),
-              "caches must be [blocks, kv_heads, head_dim, block] and [blocks, kv_heads, "
-              "block, head_dim] of qkv's dtype");
+              "caches must be [blocks, kv_heads, head_dim / 2, block, 2] and [blocks, "
+              "kv_heads, block / 2, head_dim, 2] of qkv's dtype");
   TORCH_CHECK(slots.scalar_type() == at::kLong && slots.dim() == 1 && slots.size(0) == tokens &&
                   slots.is_contiguous(),
               "slots must be a contiguous int64 [N]");
@@ -135,10 +136,14 @@ _Pragma("omp simd")
         for (int64_t h = 0; h < num_kv_heads; ++h) {
           const scalar_t* key = row + (num_heads + h) * dim;
           const scalar_t* value = row + (num_heads + num_kv_heads + h) * dim;
-          scalar_t* kdst = kc + ((blk * num_kv_heads + h) * dim) * block + off;  // [D, block]
-          scalar_t* vdst = vc + ((blk * num_kv_heads + h) * block + off) * dim;  // [block, D]
-          for (int64_t i = 0; i < dim; ++i) kdst[i * block] = key[i];
-          std::memcpy(vdst, value, dim * sizeof(scalar_t));
+          // Keys [D/2, block, 2], values [block/2, D, 2] (see PagedKVCache).
+          scalar_t* kdst = kc + ((blk * num_kv_heads + h) * dim) * block + 2 * off;
+          scalar_t* vdst = vc + ((blk * num_kv_heads + h) * block + off - off % 2) * dim + off % 2;
+          for (int64_t p = 0; p < half; ++p) {
+            kdst[2 * p * block] = key[2 * p];
+            kdst[2 * p * block + 1] = key[2 * p + 1];
+          }
+          for (int64_t i = 0; i < dim; ++i) vdst[2 * i] = value[i];
         }
       }
     });

@@ -1,12 +1,13 @@
 // Paged attention for decode on CPU: one query token per sequence, keys and values read
 // straight from the block pool through each sequence's block table.
 //
-// Layouts (per layer): keys [blocks, kv_heads, head_dim, block_size] -- transposed inside a
-// block, so that the scores of a whole block come from broadcast FMAs across its positions
-// with no horizontal sums -- and values [blocks, kv_heads, block_size, head_dim]. Each
-// (sequence, KV head) reads its own blocks once, for its own length, for every query head of
-// its group. SDPA over a padded, gathered cache spent most of its time on per-(batch, head)
-// setup at these sizes (3 query heads per KV head, a few hundred positions).
+// Layouts (per layer, see PagedKVCache): keys [blocks, kv_heads, head_dim / 2, block, 2] and
+// values [blocks, kv_heads, block / 2, head_dim, 2]. With AVX512-BF16 and 16-position blocks,
+// one VDPBF16PS scores a query against a block's 16 positions two dimensions at a time (no
+// horizontal sums), and one adds two positions' weighted values (P rounded to bf16, as the
+// prefill kernel and torch's flash kernel do): a third of the instructions of widening bf16
+// to float and FMA-ing. Elsewhere a generic loop computes the same in float. Each (sequence,
+// KV head) reads its own blocks once, for its own length, for every query head of its group.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -28,54 +29,45 @@ struct Shape {
   float scale;
 };
 
-// Ask for the next block while this one is being used: a sequence's blocks are scattered
-// over the pool, so the hardware prefetcher cannot guess them.
+// Ask for a block before it is used: a sequence's blocks are scattered over the pool, so the
+// hardware prefetcher cannot guess them. Into L2 (prefetcht1), which keeps more misses in
+// flight than L1: one thread streamed the cache at 7 GB/s with prefetcht0 one block ahead,
+// 12 GB/s with prefetcht1 two blocks ahead (batch 64 x 512 positions, this Zen 4).
 inline void prefetch(const void* p, int64_t bytes) {
   const char* c = static_cast<const char*>(p);
-  for (int64_t i = 0; i < bytes; i += 64) __builtin_prefetch(c + i, 0, 3);
+  for (int64_t i = 0; i < bytes; i += 64) __builtin_prefetch(c + i, 0, 2);
 }
 
-// Scores of kG query heads (one group chunk) over one block of keys [D, block]: each key
-// row is widened to float once and feeds kG FMAs across the block's positions.
+// Query heads per pass: as many as keep kG * D float accumulators within 16 AVX-512 registers.
+constexpr int64_t chunk_heads(int64_t dim) { return dim && dim <= 64 ? 4 : dim <= 128 ? 2 : 1; }
+
+// ---- Generic: any dtype, head size and block size, in float ------------------------------
+
+// Scores of kG query heads over one block of keys [D/2, block, 2]: each pair of key rows is
+// widened to float once and feeds kG FMAs across the block's positions.
 template <typename T, int64_t kD, int64_t kBlock, int64_t kG>
 inline void score_block(const float* qf, const T* keys, int64_t dim, int64_t block,
                         float (*part)[kBlock ? kBlock : 256]) {
   for (int64_t g = 0; g < kG; ++g)
     for (int64_t j = 0; j < block; ++j) part[g][j] = 0.f;
-  for (int64_t i = 0; i < dim; ++i) {
-    const T* row = keys + i * block;
-    float k[kBlock ? kBlock : 256];
+  for (int64_t p = 0; p < dim / 2; ++p) {
+    const T* row = keys + p * block * 2;
+    float k0[kBlock ? kBlock : 256], k1[kBlock ? kBlock : 256];
 #pragma omp simd
-    for (int64_t j = 0; j < block; ++j) k[j] = to_float(row[j]);
+    for (int64_t j = 0; j < block; ++j) {
+      k0[j] = to_float(row[2 * j]);
+      k1[j] = to_float(row[2 * j + 1]);
+    }
     for (int64_t g = 0; g < kG; ++g) {
-      const float qi = qf[g * dim + i];
+      const float q0 = qf[g * dim + 2 * p], q1 = qf[g * dim + 2 * p + 1];
 #pragma omp simd
-      for (int64_t j = 0; j < block; ++j) part[g][j] += qi * k[j];
+      for (int64_t j = 0; j < block; ++j) part[g][j] += q0 * k0[j] + q1 * k1[j];
     }
   }
 }
 
-#if defined(__AVX512F__)
-// The same for bf16 blocks of 16 keys, in registers: GCC spills the widened key row of the
-// generic loop to the stack and reloads it for every FMA.
-template <int64_t kG>
-inline void score_block_bf16(const float* qf, const c10::BFloat16* keys, int64_t dim,
-                             float (*part)[16]) {
-  __m512 acc[kG];
-  for (int64_t g = 0; g < kG; ++g) acc[g] = _mm512_setzero_ps();
-  const auto* rows = reinterpret_cast<const __m256i*>(keys);
-  for (int64_t i = 0; i < dim; ++i) {
-    const __m512 k = _mm512_castsi512_ps(
-        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(rows + i)), 16));
-    for (int64_t g = 0; g < kG; ++g)
-      acc[g] = _mm512_fmadd_ps(_mm512_set1_ps(qf[g * dim + i]), k, acc[g]);
-  }
-  for (int64_t g = 0; g < kG; ++g) _mm512_storeu_ps(part[g], acc[g]);
-}
-#endif
-
-// Weighted sum of values for kG query heads: each value row is widened once and feeds kG
-// register-resident accumulators.
+// Weighted sum of values [block/2, D, 2] for kG query heads: each value row is widened once
+// and feeds kG accumulators.
 template <typename T, int64_t kD, int64_t kBlock, int64_t kG>
 inline void sum_values(const Shape& s, int64_t h, const T* v_cache, const int32_t* table,
                        int64_t first, int64_t end, const float* p, int64_t len, float* acc) {
@@ -84,16 +76,16 @@ inline void sum_values(const Shape& s, int64_t h, const T* v_cache, const int32_
   float a[kG][kD ? kD : 512] = {};
   for (int64_t pos = first; pos < end;) {
     const int64_t offset = pos % block, n = std::min(block - offset, end - pos);
-    const T* values = v_cache + table[pos / block] * block_elems + (h * block + offset) * dim;
+    const T* values = v_cache + table[pos / block] * block_elems + h * block * dim;
     if (pos + n < end) prefetch(v_cache + table[(pos + n) / block] * block_elems + h * block * dim,
                                 dim * block * sizeof(T));
-    for (int64_t j = 0; j < n; ++j) {
-      const T* row = values + j * dim;
+    for (int64_t j = offset; j < offset + n; ++j) {
+      const T* row = values + (j - j % 2) * dim + j % 2;
       float v[kD ? kD : 512];
 #pragma omp simd
-      for (int64_t i = 0; i < dim; ++i) v[i] = to_float(row[i]);
+      for (int64_t i = 0; i < dim; ++i) v[i] = to_float(row[2 * i]);
       for (int64_t g = 0; g < kG; ++g) {
-        const float w = p[g * len + pos - first + j];
+        const float w = p[g * len + pos - first + j - offset];
 #pragma omp simd
         for (int64_t i = 0; i < dim; ++i) a[g][i] += w * v[i];
       }
@@ -104,7 +96,7 @@ inline void sum_values(const Shape& s, int64_t h, const T* v_cache, const int32_
     for (int64_t i = 0; i < dim; ++i) acc[g * dim + i] = a[g][i];
 }
 
-// kG query heads of one KV head at a time (kG * kD floats of accumulators fit in registers).
+// kG query heads of one KV head: scores, an exact softmax in float, then the values.
 template <typename T, int64_t kD, int64_t kBlock, int64_t kG>
 void attend_chunk(const Shape& s, int64_t h, const float* qf, const T* k_cache, const T* v_cache,
                   const int32_t* table, int64_t first, int64_t end, float* scores, float* acc) {
@@ -112,16 +104,11 @@ void attend_chunk(const Shape& s, int64_t h, const float* qf, const T* k_cache, 
   const int64_t len = end - first, block_elems = s.n_kv * dim * block;
   for (int64_t pos = first; pos < end;) {
     const int64_t offset = pos % block, n = std::min(block - offset, end - pos);
-    const T* keys = k_cache + table[pos / block] * block_elems + h * dim * block;  // [D, B]
+    const T* keys = k_cache + table[pos / block] * block_elems + h * dim * block;
     if (pos + n < end) prefetch(k_cache + table[(pos + n) / block] * block_elems + h * dim * block,
                                 dim * block * sizeof(T));
     float part[kG][kBlock ? kBlock : 256];
-#if defined(__AVX512F__)
-    if constexpr (std::is_same_v<T, c10::BFloat16> && kBlock == 16)
-      score_block_bf16<kG>(qf, keys, dim, part);
-    else
-#endif
-      score_block<T, kD, kBlock, kG>(qf, keys, dim, block, part);
+    score_block<T, kD, kBlock, kG>(qf, keys, dim, block, part);
     for (int64_t g = 0; g < kG; ++g)
       for (int64_t j = 0; j < n; ++j) scores[g * len + pos - first + j] = part[g][offset + j];
     pos += n;
@@ -142,24 +129,16 @@ void attend_chunk(const Shape& s, int64_t h, const float* qf, const T* k_cache, 
   sum_values<T, kD, kBlock, kG>(s, h, v_cache, table, first, end, scores, len, acc);
 }
 
-// Query heads per pass: as many as keep kG * D accumulators within 16 AVX-512 registers.
-constexpr int64_t chunk_heads(int64_t dim) { return dim && dim <= 64 ? 4 : dim <= 128 ? 2 : 1; }
-
-// One (sequence, KV head): every query head of its group reads the sequence's keys and
-// values once per chunk of heads. kD and kBlock are compile-time sizes (0: take them from
-// `s`), so that the common shapes get fully unrolled, register-resident inner loops.
+// One (sequence, KV head), every query head of its group, kChunk heads per pass. kD and
+// kBlock are compile-time sizes (0: take them from `s`).
 template <typename T, int64_t kD, int64_t kBlock>
 void attend_one(const Shape& s, int64_t seq, int64_t h, const T* q, const T* k_cache,
-                const T* v_cache, const int32_t* table, int64_t end, T* out,
+                const T* v_cache, const int32_t* table, int64_t first, int64_t end, T* out,
                 std::vector<float>& scores, std::vector<float>& qf) {
-  const int64_t dim = kD ? kD : s.dim, block = kBlock ? kBlock : s.block;
-  const int64_t groups = s.groups;
-  const int64_t first = s.window > 0 ? std::max<int64_t>(0, end - s.window) : 0;
-  const int64_t len = end - first;
-  if (len <= 0) return;
-  TORCH_CHECK(block <= 256 && dim <= 512, "block_size <= 256 and head_dim <= 512 supported");
+  const int64_t dim = kD ? kD : s.dim, groups = s.groups, len = end - first;
   constexpr int64_t kChunk = chunk_heads(kD);
   scores.resize(kChunk * len);
+  qf.resize(groups * dim);
   std::vector<float> acc(kChunk * dim);
   for (int64_t g = 0; g < groups; ++g) {
     const T* src = q + seq * s.q_stride + (h * groups + g) * dim;
@@ -183,20 +162,138 @@ void attend_one(const Shape& s, int64_t seq, int64_t h, const T* q, const T* k_c
   }
 }
 
-template <typename T, int64_t kD, int64_t kBlock>
-void decode_all(const Shape& s, const T* q, const T* k_cache, const T* v_cache,
-                const int32_t* tables, const int32_t* lens, T* out) {
-  // Waking a second thread costs tens of microseconds when OpenMP threads sleep between
-  // regions (OMP_WAIT_POLICY=PASSIVE): below a few thousand positions, run in this thread.
+// ---- bf16 with AVX512-BF16, 16-position blocks ------------------------------------------
+
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+constexpr int64_t kB = 16;
+constexpr int64_t kAhead = 2;  // blocks prefetched ahead
+
+// kG query heads of one KV head (their q rows are consecutive, kD bf16 each) over positions
+// [first, end). scores and probs hold kG rows of `width` positions from first's block start.
+template <int64_t kD, int64_t kG>
+void attend_chunk_bf16(const Shape& s, int64_t h, const uint16_t* q, const uint16_t* k_cache,
+                       const uint16_t* v_cache, const int32_t* table, int64_t first,
+                       int64_t end, float* scores, uint16_t* probs, float* acc_out) {
+  constexpr int64_t kPairs = kD / 2, kC = kD / 16;
+  const int64_t block_elems = s.n_kv * kD * kB;
+  const int64_t b0 = first / kB, b1 = (end + kB - 1) / kB, width = (b1 - b0) * kB;
+  const int64_t lo = first - b0 * kB, hi = end - b0 * kB;  // attended: [lo, hi)
+  const auto* qp = reinterpret_cast<const int32_t*>(q);  // [kG][kPairs] bf16 pairs
+  const __m512 scale = _mm512_set1_ps(s.scale);
+  // Scores: two accumulators per head (even and odd dimension pairs) hide VDPBF16PS latency.
+  for (int64_t b = b0; b < b1; ++b) {
+    const uint16_t* keys = k_cache + table[b] * block_elems + h * kD * kB;  // [D/2, 16, 2]
+    if (b + kAhead < b1)
+      prefetch(k_cache + table[b + kAhead] * block_elems + h * kD * kB, kD * kB * 2);
+    else if (b + kAhead - (b1 - b0) >= b0)  // the first value blocks, for the P.V pass
+      prefetch(v_cache + table[b + kAhead - (b1 - b0)] * block_elems + h * kD * kB, kD * kB * 2);
+    __m512 acc[kG][2];
+    for (int64_t g = 0; g < kG; ++g) acc[g][0] = acc[g][1] = _mm512_setzero_ps();
+    for (int64_t p = 0; p < kPairs; p += 2) {
+      const __m512bh k0 = (__m512bh)_mm512_loadu_si512(keys + p * kB * 2);
+      const __m512bh k1 = (__m512bh)_mm512_loadu_si512(keys + (p + 1) * kB * 2);
+      for (int64_t g = 0; g < kG; ++g) {
+        acc[g][0] = _mm512_dpbf16_ps(acc[g][0], k0,
+                                     (__m512bh)_mm512_set1_epi32(qp[g * kPairs + p]));
+        acc[g][1] = _mm512_dpbf16_ps(acc[g][1], k1,
+                                     (__m512bh)_mm512_set1_epi32(qp[g * kPairs + p + 1]));
+      }
+    }
+    for (int64_t g = 0; g < kG; ++g)
+      _mm512_storeu_ps(scores + g * width + (b - b0) * kB,
+                       _mm512_mul_ps(_mm512_add_ps(acc[g][0], acc[g][1]), scale));
+  }
+  // Exact softmax per head over [lo, hi); P in bf16, zero outside it.
+  for (int64_t g = 0; g < kG; ++g) {
+    float* sg = scores + g * width;
+    uint16_t* pg = probs + g * width;
+    const float mx = row_max(sg + lo, hi - lo);
+    float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t t = lo; t < hi; ++t) {
+      sg[t] = fast_exp(sg[t] - mx);
+      sum += sg[t];
+    }
+    const float inv = 1.f / sum;
+    for (int64_t t = 0; t < lo; ++t) pg[t] = 0;
+#pragma omp simd
+    for (int64_t t = lo; t < hi; ++t) pg[t] = from_float<c10::BFloat16>(sg[t] * inv).x;
+    for (int64_t t = hi; t < width; ++t) pg[t] = 0;
+  }
+  // P.V, two positions per VDPBF16PS. A pair half outside [lo, hi) is masked to zero when
+  // loaded: a stale value there (another sequence's, even a NaN) must not reach 0 * value.
+  const auto* pp = reinterpret_cast<const int32_t*>(probs);  // [kG][width / 2] pairs
+  __m512 acc[kG][kC];
+  for (int64_t g = 0; g < kG; ++g)
+    for (int64_t c = 0; c < kC; ++c) acc[g][c] = _mm512_setzero_ps();
+  for (int64_t b = b0; b < b1; ++b) {
+    const uint16_t* values = v_cache + table[b] * block_elems + h * kD * kB;  // [8, D, 2]
+    if (b + kAhead < b1)
+      prefetch(v_cache + table[b + kAhead] * block_elems + h * kD * kB, kD * kB * 2);
+    const int64_t base = (b - b0) * kB;
+    const int64_t j0 = std::max<int64_t>(lo - base, 0) / 2;
+    const int64_t j1 = (std::min<int64_t>(hi - base, kB) + 1) / 2;
+    for (int64_t j = j0; j < j1; ++j) {
+      const int64_t t = base + 2 * j;  // the pair's first position
+      const __mmask32 keep = t < lo ? 0xAAAAAAAAu : t + 1 >= hi ? 0x55555555u : 0xFFFFFFFFu;
+      __m512bh v[kC];
+      for (int64_t c = 0; c < kC; ++c)
+        v[c] = (__m512bh)_mm512_maskz_loadu_epi16(keep, values + (j * kD + c * 16) * 2);
+      for (int64_t g = 0; g < kG; ++g) {
+        const __m512bh w = (__m512bh)_mm512_set1_epi32(pp[g * width / 2 + t / 2]);
+        for (int64_t c = 0; c < kC; ++c) acc[g][c] = _mm512_dpbf16_ps(acc[g][c], v[c], w);
+      }
+    }
+  }
+  for (int64_t g = 0; g < kG; ++g)
+    for (int64_t c = 0; c < kC; ++c) _mm512_storeu_ps(acc_out + g * kD + c * 16, acc[g][c]);
+}
+
+template <int64_t kD>
+void attend_one_bf16(const Shape& s, int64_t seq, int64_t h, const c10::BFloat16* q,
+                     const c10::BFloat16* k_cache, const c10::BFloat16* v_cache,
+                     const int32_t* table, int64_t first, int64_t end, c10::BFloat16* out,
+                     std::vector<float>& scores, std::vector<uint16_t>& probs) {
+  constexpr int64_t kChunk = chunk_heads(kD);
+  const int64_t width = ((end + kB - 1) / kB - first / kB) * kB, groups = s.groups;
+  scores.resize(kChunk * width);
+  probs.resize(kChunk * width);
+  float acc[kChunk * kD];
+  const auto* kc = reinterpret_cast<const uint16_t*>(k_cache);
+  const auto* vc = reinterpret_cast<const uint16_t*>(v_cache);
+  for (int64_t g0 = 0; g0 < groups; g0 += kChunk) {
+    const int64_t n = std::min(kChunk, groups - g0);
+    const auto* qg = reinterpret_cast<const uint16_t*>(q + seq * s.q_stride + (h * groups + g0) * kD);
+    switch (n) {
+      case 4: attend_chunk_bf16<kD, std::min<int64_t>(4, kChunk)>(
+                  s, h, qg, kc, vc, table, first, end, scores.data(), probs.data(), acc); break;
+      case 3: attend_chunk_bf16<kD, std::min<int64_t>(3, kChunk)>(
+                  s, h, qg, kc, vc, table, first, end, scores.data(), probs.data(), acc); break;
+      case 2: attend_chunk_bf16<kD, std::min<int64_t>(2, kChunk)>(
+                  s, h, qg, kc, vc, table, first, end, scores.data(), probs.data(), acc); break;
+      default: attend_chunk_bf16<kD, 1>(
+                   s, h, qg, kc, vc, table, first, end, scores.data(), probs.data(), acc); break;
+    }
+    c10::BFloat16* dst = out + seq * s.n_heads * kD + (h * groups + g0) * kD;
+#pragma omp simd
+    for (int64_t i = 0; i < n * kD; ++i) dst[i] = from_float<c10::BFloat16>(acc[i]);
+  }
+}
+#endif
+
+// Every (sequence, KV head) of the batch. Waking a second thread costs tens of microseconds
+// when OpenMP threads sleep between regions (OMP_WAIT_POLICY=PASSIVE): below a few thousand
+// positions, run in this thread.
+template <typename F>
+void for_each_head(const Shape& s, const int32_t* lens, const F& fn) {
   int64_t positions = 0;
   for (int64_t i = 0; i < s.n_seqs; ++i) positions += lens[i];
   const int64_t items = s.n_seqs * s.n_kv;
   auto work = [&](int64_t begin, int64_t end) {
-    std::vector<float> scores, qf(s.groups * s.dim);
     for (int64_t item = begin; item < end; ++item) {
-      const int64_t seq = item / s.n_kv, h = item % s.n_kv;
-      attend_one<T, kD, kBlock>(s, seq, h, q, k_cache, v_cache, tables + seq * s.max_blocks,
-                                lens[seq], out, scores, qf);
+      const int64_t seq = item / s.n_kv, h = item % s.n_kv, stop = lens[seq];
+      const int64_t start = s.window > 0 ? std::max<int64_t>(0, stop - s.window) : 0;
+      if (stop > start) fn(seq, h, start, stop);
     }
   };
   if (positions * s.n_kv < 4096) {
@@ -206,9 +303,38 @@ void decode_all(const Shape& s, const T* q, const T* k_cache, const T* v_cache,
   }
 }
 
+template <typename T, int64_t kD, int64_t kBlock>
+void decode_all(const Shape& s, const T* q, const T* k_cache, const T* v_cache,
+                const int32_t* tables, const int32_t* lens, T* out) {
+  TORCH_CHECK(s.block <= 256 && s.dim <= 512, "block_size <= 256 and head_dim <= 512 supported");
+  for_each_head(s, lens, [&](int64_t seq, int64_t h, int64_t first, int64_t end) {
+    thread_local std::vector<float> scores, qf;
+    attend_one<T, kD, kBlock>(s, seq, h, q, k_cache, v_cache, tables + seq * s.max_blocks,
+                              first, end, out, scores, qf);
+  });
+}
+
 template <typename T>
 void dispatch(const Shape& s, const T* q, const T* k, const T* v, const int32_t* tables,
               const int32_t* lens, T* out) {
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    if (s.block == kB && (s.dim == 64 || s.dim == 128 || s.dim == 256)) {
+      for_each_head(s, lens, [&](int64_t seq, int64_t h, int64_t first, int64_t end) {
+        thread_local std::vector<float> scores;
+        thread_local std::vector<uint16_t> probs;
+        const int32_t* table = tables + seq * s.max_blocks;
+        if (s.dim == 64)
+          attend_one_bf16<64>(s, seq, h, q, k, v, table, first, end, out, scores, probs);
+        else if (s.dim == 128)
+          attend_one_bf16<128>(s, seq, h, q, k, v, table, first, end, out, scores, probs);
+        else
+          attend_one_bf16<256>(s, seq, h, q, k, v, table, first, end, out, scores, probs);
+      });
+      return;
+    }
+  }
+#endif
   if (s.block == 16 && s.dim == 64) return decode_all<T, 64, 16>(s, q, k, v, tables, lens, out);
   if (s.block == 16 && s.dim == 128) return decode_all<T, 128, 16>(s, q, k, v, tables, lens, out);
   if (s.block == 16 && s.dim == 256) return decode_all<T, 256, 16>(s, q, k, v, tables, lens, out);
@@ -221,11 +347,12 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
                                   const at::Tensor& v_cache, const at::Tensor& block_tables,
                                   const at::Tensor& seq_lens, double scale, int64_t window) {
   TORCH_CHECK(q.dim() == 3, "q must be [N, H, D]");
-  TORCH_CHECK(k_cache.dim() == 4 && v_cache.dim() == 4, "caches must be 4-D");
+  TORCH_CHECK(k_cache.dim() == 5 && v_cache.dim() == 5, "caches must be 5-D");
   TORCH_CHECK(k_cache.size(0) == v_cache.size(0) && k_cache.size(1) == v_cache.size(1) &&
-                  k_cache.size(2) == v_cache.size(3) && k_cache.size(3) == v_cache.size(2),
-              "k_cache must be [blocks, kv_heads, D, block] and v_cache [blocks, kv_heads, "
-              "block, D]");
+                  k_cache.size(2) * 2 == v_cache.size(3) && k_cache.size(3) == v_cache.size(2) * 2 &&
+                  k_cache.size(4) == 2 && v_cache.size(4) == 2,
+              "k_cache must be [blocks, kv_heads, D / 2, block, 2] and v_cache [blocks, "
+              "kv_heads, block / 2, D, 2]");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "caches must be contiguous");
   TORCH_CHECK(q.stride(2) == 1 && q.stride(1) == q.size(2), "q rows must be contiguous");
   TORCH_CHECK(q.scalar_type() == k_cache.scalar_type() &&
@@ -242,7 +369,7 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
               "seq_lens must be a contiguous [N]");
   auto out = at::empty({q.size(0), q.size(1), q.size(2)}, q.options());
   Shape s{q.size(0), q.size(1), k_cache.size(1), q.size(1) / k_cache.size(1), q.size(2),
-          v_cache.size(2), block_tables.size(1), q.stride(0), window,
+          k_cache.size(3), block_tables.size(1), q.stride(0), window,
           static_cast<float>(scale)};
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_decode", [&] {
     dispatch<scalar_t>(s, q.data_ptr<scalar_t>(), k_cache.data_ptr<scalar_t>(),

@@ -15,12 +15,17 @@ from infer.models.config import ModelConfig
 
 
 class PagedKVCache:
-    """Key/value blocks of every layer.
+    """Key/value blocks of every layer, laid out for the CPU kernels' pair instructions.
 
-    ``v`` is ``[layers, num_blocks, kv_heads, block_size, head_dim]`` and ``k`` the same
-    with the last two axes swapped (``head_dim, block_size``): the decode kernel scores a
-    whole block of keys with FMAs across its positions. A token at position ``p`` of a
-    sequence lives in block ``table[p // block_size]`` at offset ``p % block_size``.
+    Inside a block, keys are ``[kv_heads, head_dim / 2, block_size, 2]``: two neighbouring
+    dimensions of one position side by side, positions along the row, so that one
+    AVX512-BF16 ``vdpbf16ps`` scores a query against 16 positions, two dimensions at a time.
+    Values are ``[kv_heads, block_size / 2, head_dim, 2]``: two neighbouring positions side by
+    side, so that ``vdpbf16ps`` adds two positions' weighted values at once. Hence ``k`` is
+    ``[layers, num_blocks, kv_heads, head_dim / 2, block_size, 2]`` and ``v`` is
+    ``[layers, num_blocks, kv_heads, block_size / 2, head_dim, 2]``; ``block_size`` and
+    ``head_dim`` must be even. A token at position ``p`` of a sequence lives in block
+    ``table[p // block_size]`` at offset ``p % block_size``.
     """
 
     def __init__(
@@ -31,17 +36,15 @@ class PagedKVCache:
         dtype: torch.dtype,
         device: str | torch.device = "cpu",
     ) -> None:
-        if num_blocks < 1 or block_size < 1:
-            raise ValueError("PagedKVCache needs num_blocks >= 1 and block_size >= 1")
-        shape = (
-            config.num_hidden_layers,
-            num_blocks,
-            config.num_key_value_heads,
-            block_size,
-            config.head_dim,
-        )
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
-        self.k = torch.zeros(shape[:3] + (shape[4], shape[3]), dtype=dtype, device=device)
+        if num_blocks < 1 or block_size < 2 or block_size % 2:
+            raise ValueError("PagedKVCache needs num_blocks >= 1 and an even block_size")
+        if config.head_dim % 2:
+            raise ValueError(f"head_dim must be even, got {config.head_dim}")
+        layers, kv, dim = config.num_hidden_layers, config.num_key_value_heads, config.head_dim
+        self.k = torch.zeros(layers, num_blocks, kv, dim // 2, block_size, 2, dtype=dtype,
+                             device=device)
+        self.v = torch.zeros(layers, num_blocks, kv, block_size // 2, dim, 2, dtype=dtype,
+                             device=device)
         self.num_blocks = num_blocks
         self.block_size = block_size
 
@@ -59,15 +62,28 @@ class PagedKVCache:
 
         The torch path (other devices, tests); on CPU the rotary kernel writes the cache.
         """
-        size = self.block_size
-        blocks, offsets = slots // size, slots % size
-        self.k[layer][blocks, :, :, offsets] = k
-        self.v[layer][blocks, :, offsets] = v
+        n, kv, dim = k.shape
+        blocks, offsets = slots // self.block_size, slots % self.block_size
+        self.k[layer][blocks, :, :, offsets] = k.reshape(n, kv, dim // 2, 2)
+        self.v[layer][blocks, :, offsets // 2, :, offsets % 2] = v
 
     def gather(self, layer: int, blocks: Tensor, length: int) -> tuple[Tensor, Tensor]:
         """The first ``length`` keys and values of a sequence, ``[K, length, D]`` each."""
-        heads, dim = self.v.shape[2], self.v.shape[4]
-        keys = self.k[layer].index_select(0, blocks).permute(1, 0, 3, 2)  # [K, n, block, D]
-        values = self.v[layer].index_select(0, blocks).transpose(0, 1)  # [K, n, block, D]
-        return (keys.reshape(heads, -1, dim)[:, :length],
-                values.reshape(heads, -1, dim)[:, :length])
+        return (keys_of(self.k[layer][blocks])[:, :length],
+                values_of(self.v[layer][blocks])[:, :length])
+
+
+def keys_of(blocks: Tensor) -> Tensor:
+    """Keys ``[..., n, K, D/2, block, 2]`` of ``n`` blocks as ``[..., K, n * block, D]``."""
+    *lead, n, kv, half, size, _ = blocks.shape
+    k = len(lead)
+    order = (*range(k), k + 1, k, k + 3, k + 2, k + 4)  # [..., K, n, block, D/2, 2]
+    return blocks.permute(order).reshape(*lead, kv, n * size, 2 * half)
+
+
+def values_of(blocks: Tensor) -> Tensor:
+    """Values ``[..., n, K, block/2, D, 2]`` of ``n`` blocks as ``[..., K, n * block, D]``."""
+    *lead, n, kv, pairs, dim, _ = blocks.shape
+    k = len(lead)
+    order = (*range(k), k + 1, k, k + 2, k + 4, k + 3)  # [..., K, n, block/2, 2, D]
+    return blocks.permute(order).reshape(*lead, kv, n * pairs * 2, dim)

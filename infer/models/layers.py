@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from infer import kernels
 from infer.models.config import ModelConfig, RopeConfig
-from infer.models.kv_cache import PagedKVCache
+from infer.models.kv_cache import PagedKVCache, keys_of, values_of
 
 
 class RMSNorm(nn.Module):
@@ -177,8 +177,8 @@ def paged_decode_attention_reference(
 
     Args:
         q: ``[N, H, D]`` one query token per sequence.
-        k_cache: ``[blocks, K, D, block_size]`` one layer's keys.
-        v_cache: ``[blocks, K, block_size, D]`` one layer's values.
+        k_cache: ``[blocks, K, D/2, block_size, 2]`` one layer's keys (see PagedKVCache).
+        v_cache: ``[blocks, K, block_size/2, D, 2]`` one layer's values.
         block_tables: ``[N, max_blocks]`` int32.
         seq_lens: ``[N]`` int32 attended lengths (the query's own key included).
         scale: Score scale.
@@ -190,8 +190,7 @@ def paged_decode_attention_reference(
     n, h, d = q.shape
     kv = k_cache.shape[1]
     tables = block_tables.long()
-    keys = k_cache[tables].permute(0, 2, 1, 4, 3).reshape(n, kv, -1, d)  # [N, K, S, D]
-    values = v_cache[tables].transpose(1, 2).reshape(n, kv, -1, d)
+    keys, values = keys_of(k_cache[tables]), values_of(v_cache[tables])  # [N, K, S, D]
     pos = torch.arange(keys.shape[2], device=q.device)
     lens = seq_lens.long().unsqueeze(1)
     mask = pos < lens

@@ -21,8 +21,8 @@ def test_kernel_matches_reference(dtype, head_dim: int, block: int, window: int,
     lens = torch.tensor([1, 2, block, block + 1, 3 * block - 1, 5 * block, 37], dtype=torch.int32)
     max_blocks = int(-(-lens.max() // block))
     pool = n * max_blocks + 3
-    k_cache = torch.randn(pool, kv, head_dim, block, generator=gen).to(dtype)
-    v_cache = torch.randn(pool, kv, block, head_dim, generator=gen).to(dtype)
+    k_cache = torch.randn(pool, kv, head_dim // 2, block, 2, generator=gen).to(dtype)
+    v_cache = torch.randn(pool, kv, block // 2, head_dim, 2, generator=gen).to(dtype)
     # Every sequence owns its own blocks, scattered over the pool.
     tables = torch.randperm(pool, generator=gen)[: n * max_blocks].view(n, max_blocks)
     tables = tables.to(torch.int32).contiguous()
@@ -34,10 +34,34 @@ def test_kernel_matches_reference(dtype, head_dim: int, block: int, window: int,
     torch.testing.assert_close(got.float(), want, atol=tol, rtol=tol)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("window", [0, 5])
+def test_stale_cache_entries_never_reach_an_output(dtype, window: int) -> None:
+    """Positions of a sequence's blocks it does not attend (past its length, before its
+    window) may hold another sequence's leftovers, even NaN: its output is unchanged."""
+    gen = torch.Generator().manual_seed(window)
+    n, kv, groups, dim, block = 4, 3, 3, 64, 16
+    lens = torch.tensor([1, 7, 18, 33], dtype=torch.int32)
+    tables = torch.arange(n * 3, dtype=torch.int32).view(n, 3)
+    k_cache = torch.randn(n * 3, kv, dim // 2, block, 2, generator=gen).to(dtype)
+    v_cache = torch.randn(n * 3, kv, block // 2, dim, 2, generator=gen).to(dtype)
+    q = torch.randn(n, kv * groups, dim, generator=gen).to(dtype)
+    want = kernels.ops().paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.125, window)
+    stale_k, stale_v = k_cache.clone(), v_cache.clone()
+    for seq, length in enumerate(lens.tolist()):
+        first = max(0, length - window) if window else 0
+        for pos in [*range(first), *range(length, 3 * block)]:
+            b, off = tables[seq, pos // block], pos % block
+            stale_k[b, :, :, off] = float("nan")
+            stale_v[b, :, off // 2, :, off % 2] = float("nan")
+    got = kernels.ops().paged_decode_attention(q, stale_k, stale_v, tables, lens, 0.125, window)
+    assert torch.equal(got, want)
+
+
 def test_kernel_refuses_mismatched_shapes() -> None:
     q = torch.randn(2, 6, 16)
-    k = torch.randn(4, 3, 16, 4)
-    v = torch.randn(4, 3, 4, 32)  # head dim differs from q's
+    k = torch.randn(4, 3, 8, 4, 2)
+    v = torch.randn(4, 3, 2, 32, 2)  # head dim differs from q's
     tables = torch.zeros(2, 1, dtype=torch.int32)
     lens = torch.ones(2, dtype=torch.int32)
     with pytest.raises(RuntimeError, match="head dims differ|must be"):
@@ -140,8 +164,8 @@ def test_rope_and_cache_rotates_and_stores(dtype) -> None:
     positions = torch.tensor([0, 1, 5, 9, 3, 7])
     inv_freq = 1.0 / (10000 ** (torch.arange(0, dim, 2).float() / dim))
     freqs = positions.float()[:, None] * inv_freq
-    k_cache = torch.zeros(5, kv, dim, block, dtype=dtype)
-    v_cache = torch.zeros(5, kv, block, dim, dtype=dtype)
+    k_cache = torch.zeros(5, kv, dim // 2, block, 2, dtype=dtype)
+    v_cache = torch.zeros(5, kv, block // 2, dim, 2, dtype=dtype)
     slots = torch.tensor([4, 5, 6, 17, -1, 0])
     before = qkv.view(n, -1, dim).float().clone()
     kernels.ops().rope_and_cache(qkv, freqs.cos(), freqs.sin(), heads, kv, k_cache, v_cache,
@@ -157,6 +181,8 @@ def test_rope_and_cache_rotates_and_stores(dtype) -> None:
         if slot < 0:
             continue
         b, off = divmod(slot, block)
-        assert torch.equal(k_cache[b, :, :, off], qkv.view(n, -1, dim)[i, heads : heads + kv])
-        assert torch.equal(v_cache[b, :, off], qkv.view(n, -1, dim)[i, heads + kv :])
-    assert int((k_cache != 0).any(dim=(1, 2)).sum()) == 5  # the five stored slots, no others
+        stored = qkv.view(n, -1, dim)[i]
+        assert torch.equal(k_cache[b, :, :, off].reshape(kv, dim), stored[heads : heads + kv])
+        assert torch.equal(v_cache[b, :, off // 2, :, off % 2], stored[heads + kv :])
+    assert int((k_cache != 0).any(dim=(1, 2, 4)).sum()) == 5  # the five stored slots, no others
+    assert int((v_cache != 0).any(dim=(1, 3)).sum()) == 5
