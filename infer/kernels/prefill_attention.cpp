@@ -78,7 +78,7 @@ at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k, const at:
     auto* vd = reinterpret_cast<uint16_t*>(vp.data_ptr<c10::BFloat16>());
     const auto* ks = reinterpret_cast<const uint16_t*>(k.data_ptr<c10::BFloat16>());
     const auto* vs = reinterpret_cast<const uint16_t*>(v.data_ptr<c10::BFloat16>());
-    at::parallel_for(0, kv * s, 256, [&](int64_t begin, int64_t end) {
+    for_range(kv * s, kv * s * dim, [&](int64_t begin, int64_t end) {
       for (int64_t item = begin; item < end; ++item) {
         const int64_t h = item / s, j = item % s;
         const uint16_t* key = ks + h * k.stride(0) + j * k.stride(1);
@@ -100,7 +100,10 @@ at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k, const at:
   const auto* vd = reinterpret_cast<const uint16_t*>(vp.data_ptr<c10::BFloat16>());
   const int64_t q_blocks = (t + kQ - 1) / kQ;
   const float fscale = static_cast<float>(scale);
-  at::parallel_for(0, heads * q_blocks, 1, [&](int64_t begin, int64_t end) {
+  // A short span (a chat prompt: tens of tokens) is a few microseconds of work per head:
+  // less than waking the second thread, so it runs in this one.
+  const int64_t flops = 2 * t * (window > 0 ? std::min(window, s) : s) * heads * dim;
+  auto work = [&](int64_t begin, int64_t end) {
     std::vector<float> scores(kQ * padded);
     std::vector<uint16_t> probs(kQ * padded);
     for (int64_t item = begin; item < end; ++item) {
@@ -164,7 +167,12 @@ at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k, const at:
         }
       }
     }
-  });
+  };
+  if (flops < (int64_t{1} << 24)) {
+    work(0, heads * q_blocks);
+  } else {
+    at::parallel_for(0, heads * q_blocks, 1, work);
+  }
   return out;
 }
 
