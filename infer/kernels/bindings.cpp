@@ -19,9 +19,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "paged cache at slots (block * block_size + offset; < 0: not stored)", NoGil());
   m.def("gated_activation", &gated_activation,
         "act(gate) * up of [N, 2I] rows: SiLU, or tanh-GELU when gelu", NoGil());
-  m.def("prefill_attention", &prefill_attention,
-        "Causal attention of q [T, H, D] at positions start.. over k, v [K, S, D] (bf16; "
-        "window 0 = none)", NoGil());
+  m.def("paged_prefill_attention", &paged_prefill_attention,
+        "Into out's span rows: causal attention of every prompt span of q [N, H, D] over its "
+        "sequence in the paged cache (bf16, blocks of 16; spans int32 [S, 3] = offset, "
+        "length, start; window 0 = none)", NoGil());
   m.def("has_bf16_linear", &has_bf16_linear, "whether this build has the AVX512-BF16 linear", NoGil());
   m.def("pack_bf16_linear", &pack_bf16_linear, "pack a bf16 [N, K] weight for bf16_linear", NoGil());
   m.def("bf16_linear", &bf16_linear, "x @ W.T + bias with a packed bf16 weight",

@@ -106,19 +106,38 @@ def _attention_reference(q, k, v, scale: float, start: int, window: int) -> torc
 
 
 @needs_bf16
-@pytest.mark.parametrize("t,s,heads,kv,dim,window", [
-    (37, 37, 9, 3, 64, 0), (16, 50, 9, 3, 64, 0), (100, 100, 4, 1, 256, 20),
-    (1, 33, 8, 8, 128, 0), (70, 90, 6, 2, 64, 7)])
-def test_prefill_attention_matches_reference(t, s, heads, kv, dim, window) -> None:
-    """A span at positions s - t .. s - 1 over s keys: causal, windowed, any GQA grouping."""
-    gen = torch.Generator().manual_seed(t + s + dim)
-    qkv = torch.randn(t, heads + 2 * kv, dim, generator=gen).bfloat16()
+@pytest.mark.parametrize("heads,kv,dim,window", [
+    (9, 3, 64, 0), (4, 1, 256, 20), (8, 8, 128, 0), (6, 2, 64, 7)])
+def test_paged_prefill_attention_matches_reference(heads, kv, dim, window) -> None:
+    """Spans of a packed batch, with and without a cached prefix, over scattered blocks:
+    causal, windowed, any GQA grouping; stale (NaN) cache entries past a span never leak."""
+    from infer.models.kv_cache import keys_of, values_of
+
+    gen = torch.Generator().manual_seed(heads + dim + window)
+    spans = [(5, 37, 0), (42, 16, 34), (58, 1, 32), (59, 70, 20)]  # (offset, length, start)
+    rows, max_blocks = 129, 6
+    pool = torch.randperm(len(spans) * max_blocks + 2, generator=gen)
+    tables = pool[: len(spans) * max_blocks].view(len(spans), max_blocks).to(torch.int32)
+    k_cache = torch.randn(len(pool), kv, dim // 2, 16, 2, generator=gen).bfloat16()
+    v_cache = torch.randn(len(pool), kv, 8, dim, 2, generator=gen).bfloat16()
+    for table, (_, length, start) in zip(tables.tolist(), spans, strict=True):
+        for pos in range(start + length, 16 * max_blocks):  # not this sequence's (yet)
+            k_cache[table[pos // 16], :, :, pos % 16] = float("nan")
+            v_cache[table[pos // 16], :, pos % 16 // 2, :, pos % 2] = float("nan")
+    qkv = torch.randn(rows, heads + 2 * kv, dim, generator=gen).bfloat16()
     q = qkv[:, :heads]  # a strided view, as the model passes it
-    k = torch.randn(kv, s, dim, generator=gen).bfloat16()
-    v = torch.randn(kv, s, dim, generator=gen).bfloat16()
-    got = kernels.ops().prefill_attention(q, k, v, dim**-0.5, s - t, window)
-    want = _attention_reference(q, k, v, dim**-0.5, s - t, window)
-    torch.testing.assert_close(got.float(), want, atol=3e-2, rtol=3e-2)
+    out = torch.zeros(rows, heads, dim, dtype=torch.bfloat16)
+    info = torch.tensor(spans, dtype=torch.int32)
+    kernels.ops().paged_prefill_attention(q, k_cache, v_cache, tables, info, dim**-0.5, window,
+                                          out)
+    for table, (offset, length, start) in zip(tables.long(), spans, strict=True):
+        keys = keys_of(k_cache[table])[:, : start + length]
+        values = values_of(v_cache[table])[:, : start + length]
+        want = _attention_reference(q[offset : offset + length], keys, values, dim**-0.5, start,
+                                    window)
+        torch.testing.assert_close(out[offset : offset + length].float(), want, atol=3e-2,
+                                   rtol=3e-2)
+    assert not out[:5].any() and not out[offset + length :].any()  # other rows untouched
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
