@@ -323,6 +323,16 @@ void dispatch(const Shape& s, const T* q, const T* k, const T* v, const int32_t*
       for_each_head(s, lens, [&](int64_t seq, int64_t h, int64_t first, int64_t end) {
         thread_local std::vector<float> scores;
         thread_local std::vector<uint16_t> probs;
+        // The next item's first blocks: each item prefetches only its own later blocks.
+        const int64_t next = seq * s.n_kv + h + 1;
+        if (next < s.n_seqs * s.n_kv) {
+          const int64_t nseq = next / s.n_kv, nh = next % s.n_kv, stop = lens[nseq];
+          const int64_t start = s.window > 0 ? std::max<int64_t>(0, stop - s.window) : 0;
+          const int32_t* ntable = tables + nseq * s.max_blocks;
+          const int64_t block_elems = s.n_kv * s.dim * kB;
+          for (int64_t b = start / kB; b < std::min(start / kB + kAhead, (stop + kB - 1) / kB); ++b)
+            prefetch(k + ntable[b] * block_elems + nh * s.dim * kB, s.dim * kB * 2);
+        }
         const int32_t* table = tables + seq * s.max_blocks;
         if (s.dim == 64)
           attend_one_bf16<64>(s, seq, h, q, k, v, table, first, end, out, scores, probs);
