@@ -46,6 +46,12 @@ def build_dir() -> Path:
 
 
 @cache
+def has_bf16() -> bool:
+    """Whether this build has the AVX512-BF16 kernels (asked once: the layers ask every step)."""
+    return bool(ops().has_bf16_linear())
+
+
+@cache
 def ops() -> ModuleType:
     """The compiled kernels (built on first use; later processes load the cached build)."""
     from torch.utils.cpp_extension import load

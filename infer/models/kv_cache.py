@@ -47,6 +47,9 @@ class PagedKVCache:
                              device=device)
         self.num_blocks = num_blocks
         self.block_size = block_size
+        # Each layer's (k, v) views, made once: indexing makes a new view every call, and a
+        # decode step asks for them four times per layer.
+        self.layers = list(zip(self.k.unbind(0), self.v.unbind(0), strict=True))
 
     @staticmethod
     def bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:

@@ -310,8 +310,8 @@ class Attention(nn.Module):
         cos, sin = ctx.rope[self.layer_type]
         layer = self.layer_idx
         if x.device.type == "cpu":
-            kernels.ops().rope_and_cache(qkv, cos, sin, h, kv, ctx.cache.k[layer],
-                                         ctx.cache.v[layer], ctx.slots)
+            kernels.ops().rope_and_cache(qkv, cos, sin, h, kv, *ctx.cache.layers[layer],
+                                         ctx.slots)
         else:
             heads[:, : h + kv] = apply_rope(heads[:, : h + kv], *rope_tables(cos, sin, x.dtype))
             ctx.cache.write(layer, ctx.slots, heads[:, h : h + kv], heads[:, h + kv :])
@@ -326,8 +326,8 @@ class Attention(nn.Module):
         if nd:
             attend = (kernels.ops().paged_decode_attention if q.device.type == "cpu"
                       else paged_decode_attention_reference)
-            decode = attend(q[:nd], ctx.cache.k[layer], ctx.cache.v[layer], ctx.block_tables,
-                            ctx.seq_lens, self.scale, window)  # [nd, H, D]
+            decode = attend(q[:nd], *ctx.cache.layers[layer], ctx.block_tables, ctx.seq_lens,
+                            self.scale, window)  # [nd, H, D]
         if not ctx.spans and decode is not None:
             out = decode
         else:
@@ -337,8 +337,8 @@ class Attention(nn.Module):
             if _bf16_kernels(q) and self.head_dim % 64 == 0 and ctx.cache.block_size == 16:
                 # Every span at once, keys and values read from the cache (already stored).
                 tables, info = ctx.span_arrays()
-                kernels.ops().paged_prefill_attention(q, ctx.cache.k[layer], ctx.cache.v[layer],
-                                                      tables, info, self.scale, window, out)
+                kernels.ops().paged_prefill_attention(q, *ctx.cache.layers[layer], tables, info,
+                                                      self.scale, window, out)
             else:
                 for span in ctx.spans:
                     rows = slice(span.offset, span.offset + span.length)
@@ -476,7 +476,7 @@ class PackedLinear(nn.Module):
 def _bf16_kernels(x: Tensor) -> bool:
     """Whether ``x`` can go through the AVX512-BF16 kernels (bf16 on a CPU that has them)."""
     return (x.device.type == "cpu" and x.dtype == torch.bfloat16
-            and kernels.ops().has_bf16_linear())
+            and kernels.has_bf16())
 
 
 class Bf16Linear(nn.Module):
