@@ -6,7 +6,6 @@ import ctypes
 import logging
 import os
 import signal
-import sys
 import threading
 from collections.abc import Awaitable, Callable
 
@@ -52,13 +51,6 @@ def limit_malloc_arenas(arenas: int = MALLOC_ARENAS) -> bool:
 
 M_ARENA_MAX = -8  # glibc's mallopt parameter number
 
-# The engine thread gives up the GIL for every kernel call and must take it back after; while
-# the event loop thread runs Python (a burst of new requests, 64 streams' SSE writes), CPython
-# hands it back only after the switch interval, 5 ms by default, a few hundred times a step.
-# At 0.2 ms, served chat64's TTFT p95 was 1916 / 2098 ms in two runs against 2111-2329 ms
-# at 5 ms (same window, throughput unchanged).
-GIL_SWITCH_INTERVAL_S = 0.0002
-
 
 def hypercorn_config(config: ServerConfig, access_log: bool = False) -> HypercornConfig:
     """Hypercorn settings for ``config``: one bind, no read timeout (it would cut streams).
@@ -94,7 +86,6 @@ def run(config: ServerConfig, access_log: bool = False) -> int:
     Raises:
         LoadError: The model cannot be loaded.
     """
-    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     log.info("loading model %s", config.engine.model)
     engine = load_off_thread(config.engine)
     app = create_app(config, engine)
