@@ -223,7 +223,7 @@ def test_has_work() -> None:
 
 @pytest.mark.parametrize("field,value", [
     ("max_batch_size", 0), ("batching_mode", "dynamic"), ("dtype", "int8"),
-    ("prefill_token_budget", 0), ("batch_wait_timeout_s", -1.0),
+    ("prefill_token_budget", 0), ("batch_wait_timeout_s", -1.0), ("block_size", 3),
 ])
 def test_invalid_config_names_the_field(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=field):
