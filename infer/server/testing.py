@@ -69,7 +69,18 @@ async def running_server(app: QuartTrio, graceful_timeout_s: float = 5.0, drain:
         try:
             yield ServerHandle(urls[0], stop)
         finally:
+            # A test that failed with its gate closed would otherwise wait here forever:
+            # the engine thread cannot stop while it waits at the gate.
+            _open_gate(app)
             stop.set()
+
+
+def _open_gate(app: QuartTrio) -> None:
+    """Open the :class:`StepGate` of ``app``'s model, if it has one."""
+    state = app.extensions.get("infer")
+    model = getattr(getattr(state, "engine", None), "model", None)
+    if isinstance(model, GatedModel):
+        model.gate.open()
 
 
 async def wait_for(predicate: Callable[[], Any], timeout_s: float = 60.0,
@@ -277,10 +288,18 @@ async def step_until(gate: StepGate, done: Callable[[], Awaitable[bool] | bool],
             return steps
         if steps >= max_steps:
             raise AssertionError(f"condition not reached in {max_steps} steps")
-        before = gate.passed
-        gate.allow(1)
-        await wait_for(partial(_passed_and_blocked, gate, before))
+        await step_once(gate)
         steps += 1
+
+
+async def step_once(gate: StepGate) -> None:
+    """Let one engine step through a closed gate and wait until the next one is held.
+
+    The step's outputs have left the engine then, but a client may not have read them yet.
+    """
+    before = gate.passed
+    gate.allow(1)
+    await wait_for(partial(_passed_and_blocked, gate, before))
 
 
 def _passed_and_blocked(gate: StepGate, before: int) -> bool:

@@ -21,6 +21,7 @@ from infer.server.testing import (
     native,
     read_stream,
     running_server,
+    step_once,
     step_until,
     wait_for,
 )
@@ -99,10 +100,14 @@ async def test_slow_reader_is_ended_and_never_slows_the_others(tiny_app) -> None
                         nursery.start_soon(read_stream, client, "/v1/generate", native(32), s)
                     await wait_for(lambda: gate.blocked)
                     await step_until(gate, lambda: all(s.named("token") for s in others))
+                    engine = app.extensions["infer"].engine
                     for _ in range(10):  # every step gives every other stream a token
+                        await wait_for(lambda: all(_caught_up(engine, s) for s in others))
                         counts = [len(s.named("token")) for s in others]
-                        await step_until(gate, lambda c=counts: _each_gained_one(others, c),
-                                         max_steps=1)
+                        await step_once(gate)
+                        await wait_for(lambda: all(_caught_up(engine, s) for s in others))
+                        assert [len(s.named("token")) for s in others] == [
+                            n + 1 for n in counts]
                     assert worker.running == 4  # the slow reader was in every one of them
                     gate.open()
                 await wait_for(lambda: worker.running == 0)
@@ -120,8 +125,12 @@ async def test_slow_reader_is_ended_and_never_slows_the_others(tiny_app) -> None
     assert stats['infer_requests_total{finish_reason="error"}'] == 1
 
 
-def _each_gained_one(streams: list[Stream], before: list[int]) -> bool:
-    return all(len(s.named("token")) == n + 1 for s, n in zip(streams, before, strict=True))
+def _caught_up(engine, stream: Stream) -> bool:
+    """Whether the client has read every token the engine made for this stream so far."""
+    request = engine.scheduler.find(stream.named("started")[0]["id"])
+    tokens = stream.named("token")
+    return request is not None and bool(tokens) and tokens[-1]["i"] + 1 == len(
+        request.output_ids)
 
 
 async def test_queue_full_is_503_at_once_and_the_rest_complete(tiny_app) -> None:
