@@ -183,10 +183,11 @@ void attend_chunk_bf16(const Shape& s, int64_t h, const uint16_t* q, const uint1
   // Scores: two accumulators per head (even and odd dimension pairs) hide VDPBF16PS latency.
   for (int64_t b = b0; b < b1; ++b) {
     const uint16_t* keys = k_cache + table[b] * block_elems + h * kD * kB;  // [D/2, 16, 2]
-    if (b + kAhead < b1)
-      prefetch(k_cache + table[b + kAhead] * block_elems + h * kD * kB, kD * kB * 2);
-    else if (b + kAhead - (b1 - b0) >= b0)  // the first value blocks, for the P.V pass
-      prefetch(v_cache + table[b + kAhead - (b1 - b0)] * block_elems + h * kD * kB, kD * kB * 2);
+    const int64_t ahead = b + kAhead;
+    if (ahead < b1)
+      prefetch(k_cache + table[ahead] * block_elems + h * kD * kB, kD * kB * 2);
+    else if (ahead - (b1 - b0) < b1)  // the first value blocks, for the P.V pass
+      prefetch(v_cache + table[ahead - (b1 - b0)] * block_elems + h * kD * kB, kD * kB * 2);
     __m512 acc[kG][2];
     for (int64_t g = 0; g < kG; ++g) acc[g][0] = acc[g][1] = _mm512_setzero_ps();
     for (int64_t p = 0; p < kPairs; p += 2) {
@@ -204,22 +205,8 @@ void attend_chunk_bf16(const Shape& s, int64_t h, const uint16_t* q, const uint1
                        _mm512_mul_ps(_mm512_add_ps(acc[g][0], acc[g][1]), scale));
   }
   // Exact softmax per head over [lo, hi); P in bf16, zero outside it.
-  for (int64_t g = 0; g < kG; ++g) {
-    float* sg = scores + g * width;
-    uint16_t* pg = probs + g * width;
-    const float mx = row_max(sg + lo, hi - lo);
-    float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t t = lo; t < hi; ++t) {
-      sg[t] = fast_exp(sg[t] - mx);
-      sum += sg[t];
-    }
-    const float inv = 1.f / sum;
-    for (int64_t t = 0; t < lo; ++t) pg[t] = 0;
-#pragma omp simd
-    for (int64_t t = lo; t < hi; ++t) pg[t] = from_float<c10::BFloat16>(sg[t] * inv).x;
-    for (int64_t t = hi; t < width; ++t) pg[t] = 0;
-  }
+  for (int64_t g = 0; g < kG; ++g)
+    softmax_bf16(scores + g * width, probs + g * width, 0, lo, hi, width);
   // P.V, two positions per VDPBF16PS. A pair half outside [lo, hi) is masked to zero when
   // loaded: a stale value there (another sequence's, even a NaN) must not reach 0 * value.
   const auto* pp = reinterpret_cast<const int32_t*>(probs);  // [kG][width / 2] pairs
@@ -281,6 +268,11 @@ void attend_one_bf16(const Shape& s, int64_t seq, int64_t h, const c10::BFloat16
 }
 #endif
 
+// The first position a sequence of `stop` positions attends (its sliding window's start).
+inline int64_t attended_from(const Shape& s, int64_t stop) {
+  return s.window > 0 ? std::max<int64_t>(0, stop - s.window) : 0;
+}
+
 // Every (sequence, KV head) of the batch. Waking a second thread costs tens of microseconds
 // when OpenMP threads sleep between regions (OMP_WAIT_POLICY=PASSIVE): below a few thousand
 // positions, run in this thread.
@@ -292,7 +284,7 @@ void for_each_head(const Shape& s, const int32_t* lens, const F& fn) {
   auto work = [&](int64_t begin, int64_t end) {
     for (int64_t item = begin; item < end; ++item) {
       const int64_t seq = item / s.n_kv, h = item % s.n_kv, stop = lens[seq];
-      const int64_t start = s.window > 0 ? std::max<int64_t>(0, stop - s.window) : 0;
+      const int64_t start = attended_from(s, stop);
       if (stop > start) fn(seq, h, start, stop);
     }
   };
@@ -327,7 +319,7 @@ void dispatch(const Shape& s, const T* q, const T* k, const T* v, const int32_t*
         const int64_t next = seq * s.n_kv + h + 1;
         if (next < s.n_seqs * s.n_kv) {
           const int64_t nseq = next / s.n_kv, nh = next % s.n_kv, stop = lens[nseq];
-          const int64_t start = s.window > 0 ? std::max<int64_t>(0, stop - s.window) : 0;
+          const int64_t start = attended_from(s, stop);
           const int32_t* ntable = tables + nseq * s.max_blocks;
           const int64_t block_elems = s.n_kv * s.dim * kB;
           for (int64_t b = start / kB; b < std::min(start / kB + kAhead, (stop + kB - 1) / kB); ++b)

@@ -164,20 +164,8 @@ void paged_prefill_attention(const at::Tensor& q, const at::Tensor& k_cache,
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t pos = start + r0 + r;
         const int64_t first = window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
-        float* sr = scores.data() + r * width;
-        uint16_t* pr = probs.data() + r * width;
-        const float mx = row_max(sr + first, pos + 1 - first);
-        float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t j = first; j <= pos; ++j) {
-          sr[j] = fast_exp(sr[j] - mx);
-          sum += sr[j];
-        }
-        const float inv = 1.f / sum;
-        for (int64_t j = k0; j < first; ++j) pr[j] = 0;
-#pragma omp simd
-        for (int64_t j = first; j <= pos; ++j) pr[j] = from_float<c10::BFloat16>(sr[j] * inv).x;
-        for (int64_t j = pos + 1; j < k1; ++j) pr[j] = 0;
+        softmax_bf16(scores.data() + r * width, probs.data() + r * width, k0, first, pos + 1,
+                     k1);
       }
       // P.V: 4 rows x 64 columns of accumulators at a time.
       for (int64_t r = 0; r < rows; r += 4) {

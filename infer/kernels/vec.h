@@ -83,6 +83,23 @@ inline float row_max(const float* x, int64_t n) {
 #endif
 }
 
+// Softmax of x[lo, hi), exact in float (x keeps the exponentials), written to p[lo, hi) as
+// bf16 bits for a VDPBF16PS P.V; p[begin, lo) and p[hi, end) are zeroed.
+inline void softmax_bf16(float* x, uint16_t* p, int64_t begin, int64_t lo, int64_t hi,
+                         int64_t end) {
+  const float mx = row_max(x + lo, hi - lo);
+  float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t t = lo; t < hi; ++t) {
+    x[t] = fast_exp(x[t] - mx);
+    sum += x[t];
+  }
+  const float inv = 1.f / sum;
+  for (int64_t t = begin; t < lo; ++t) p[t] = 0;
+#pragma omp simd
+  for (int64_t t = lo; t < hi; ++t) p[t] = from_float<c10::BFloat16>(x[t] * inv).x;
+  for (int64_t t = hi; t < end; ++t) p[t] = 0;
+}
 
 // Run fn(begin, end) over [0, n): in this thread when the work is small, since waking the
 // second OpenMP thread (OMP_WAIT_POLICY=PASSIVE) costs tens of microseconds.

@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from infer import cli
+from infer import cli, kernels
 from infer.engine.generate import generate
 from infer.engine.sampler import SamplingParams
 from infer.models.default import default_gguf_path
@@ -122,7 +122,7 @@ def test_cli_reads_prompts_from_stdin(
     assert out.count("\n") >= 2 and "Paris" in out
 
 
-@pytest.mark.skipif(not __import__("infer.kernels", fromlist=["ops"]).ops().has_bf16_linear(),
+@pytest.mark.skipif(not kernels.has_bf16(),
                     reason="bf16 batch invariance needs the AVX512-BF16 kernels")
 def test_bf16_engine_output_is_the_same_alone_and_batched(default_model: LoadedModel) -> None:
     """bf16 through the CPU kernels: a request's greedy tokens do not depend on its batch

@@ -68,7 +68,7 @@ def test_kernel_refuses_mismatched_shapes() -> None:
         kernels.ops().paged_decode_attention(q, k, v, tables, lens, 1.0, 0)
 
 
-needs_bf16 = pytest.mark.skipif(not kernels.ops().has_bf16_linear(),
+needs_bf16 = pytest.mark.skipif(not kernels.has_bf16(),
                                 reason="this CPU has no AVX512-BF16")
 
 
