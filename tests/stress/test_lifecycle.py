@@ -138,6 +138,12 @@ async def test_waiting_counts_only_what_waits(tiny_app) -> None:
         assert s.status == 200 and s.terminals() == ["done"], s.error
 
 
+def _made(app: Any, max_tokens: int) -> int:
+    """Tokens made so far by the running request that asked for ``max_tokens``."""
+    running = app.extensions["infer"].engine.scheduler.running
+    return sum(len(r.output_ids) for r in running if r.params.max_new_tokens == max_tokens)
+
+
 def _gauges(app: Any) -> tuple[int, int]:
     worker = app.extensions["infer"].worker
     return worker.running, worker.waiting
@@ -156,9 +162,11 @@ async def test_a_drain_mid_step_delivers_that_step_and_admits_nothing(tiny_app) 
                 nursery.start_soon(read_stream, client, "/v1/generate", native(3), ending)
                 nursery.start_soon(read_stream, client, "/v1/generate", native(300), running)
                 await wait_for(lambda: gate.blocked)
-                # `running` may have joined a step later: only `ending`'s count matters.
-                await step_until(gate, lambda: len(ending.named("token")) == 2
-                                 and len(running.named("token")) >= 1)
+                # `running` may have joined a step later: only `ending`'s count matters. Count
+                # in the engine (exact while it waits at the gate): a client that has not read
+                # the last step yet would let one step too many through.
+                await step_until(gate, lambda: _made(app, 3) == 2 and _made(app, 300) >= 1)
+                await wait_for(lambda: len(ending.named("token")) == 2)
                 # The engine waits in the step that ends `ending`; `queued` comes meanwhile.
                 nursery.start_soon(read_stream, client, "/v1/generate", native(5), queued)
                 await wait_for(lambda: queued.status is not None)
