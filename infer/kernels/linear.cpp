@@ -4,7 +4,7 @@
 // of 16 output columns, which is what VDPBF16PS multiplies against a broadcast pair of x
 // values, accumulating in float. A tile of kRows rows x kCols*16 columns keeps its
 // accumulators in registers across all of K, so each weight load feeds kRows FMAs; the
-// column groups are split between threads, and rows go 64 at a time so that a row block
+// threads take column groups one at a time, and rows go 64 at a time so that a row block
 // stays in L2 while the weights stream past it. Each output element is one dot product
 // accumulated in k order, whatever the number of rows: results do not depend on the batch.
 //
@@ -130,30 +130,31 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed, int64_t ou
   char* op = static_cast<char*>(out.data_ptr());
   const int64_t elem = out_float ? 4 : 2, block_stride = k_pairs * 2 * kLanes;
   const int64_t groups = (blocks + kCols - 1) / kCols;
-  auto work = [&](int64_t g0, int64_t g1) {
-    for (int64_t r0 = 0; r0 < rows; r0 += kRowBlock) {
+  // Work items: (block of 64 rows, group of 64 columns), row blocks outermost so that both
+  // threads stream the weights past the same rows.
+  auto work = [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t r0 = i / groups * kRowBlock, g = i % groups;
       const int64_t r1 = std::min(rows, r0 + kRowBlock);
-      for (int64_t g = g0; g < g1; ++g) {
-        const int64_t col = g * kCols * kLanes;
-        const int64_t cols_left = out_features - col;
-        const auto* w = wp + g * kCols * block_stride;
-        const float* bg = bp ? bp + col : nullptr;
-        const int64_t nblocks = std::min<int64_t>(kCols, blocks - g * kCols);
-        for (int64_t r = r0; r < r1; r += kRows) {
-          const int64_t nr = std::min<int64_t>(kRows, r1 - r);
-          void* o = op + (r * out_features + col) * elem;
-          const auto* xr = xp + r * k;
-          switch (nblocks) {
-            case 4: rows_tile<4>(nr, xr, k, w, block_stride, k_pairs, bg, cols_left, o, out_features, out_float); break;
-            case 3: rows_tile<3>(nr, xr, k, w, block_stride, k_pairs, bg, cols_left, o, out_features, out_float); break;
-            case 2: rows_tile<2>(nr, xr, k, w, block_stride, k_pairs, bg, cols_left, o, out_features, out_float); break;
-            default: rows_tile<1>(nr, xr, k, w, block_stride, k_pairs, bg, cols_left, o, out_features, out_float); break;
-          }
+      const int64_t col = g * kCols * kLanes;
+      const int64_t cols_left = out_features - col;
+      const auto* w = wp + g * kCols * block_stride;
+      const float* bg = bp ? bp + col : nullptr;
+      const int64_t nblocks = std::min<int64_t>(kCols, blocks - g * kCols);
+      for (int64_t r = r0; r < r1; r += kRows) {
+        const int64_t nr = std::min<int64_t>(kRows, r1 - r);
+        void* o = op + (r * out_features + col) * elem;
+        const auto* xr = xp + r * k;
+        switch (nblocks) {
+          case 4: rows_tile<4>(nr, xr, k, w, block_stride, k_pairs, bg, cols_left, o, out_features, out_float); break;
+          case 3: rows_tile<3>(nr, xr, k, w, block_stride, k_pairs, bg, cols_left, o, out_features, out_float); break;
+          case 2: rows_tile<2>(nr, xr, k, w, block_stride, k_pairs, bg, cols_left, o, out_features, out_float); break;
+          default: rows_tile<1>(nr, xr, k, w, block_stride, k_pairs, bg, cols_left, o, out_features, out_float); break;
         }
       }
     }
   };
-  at::parallel_for(0, groups, 1, work);
+  parallel_chunks(groups * ((rows + kRowBlock - 1) / kRowBlock), 1, work);
   return out;
 }
 

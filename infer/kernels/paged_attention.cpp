@@ -291,7 +291,8 @@ void for_each_head(const Shape& s, const int32_t* lens, const F& fn) {
   if (positions * s.n_kv < 4096) {
     work(0, items);
   } else {
-    at::parallel_for(0, items, 1, work);
+    // Chunks of a few items: each item prefetches the next one's first blocks.
+    parallel_chunks(items, std::max<int64_t>(1, items / (8 * at::get_num_threads())), work);
   }
 }
 

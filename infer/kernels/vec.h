@@ -5,6 +5,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -101,14 +102,29 @@ inline void softmax_bf16(float* x, uint16_t* p, int64_t begin, int64_t lo, int64
   for (int64_t t = hi; t < end; ++t) p[t] = 0;
 }
 
+// Run fn(begin, end) over [0, n) on every OpenMP thread, each taking the next `chunk` as it
+// finishes one. The two cores are shared with the event loop and the clients: a static split
+// makes the whole call wait for a thread the OS has taken away, while here the other thread
+// takes over its remaining chunks (a B16 decode step with a process busy 25% of one core:
+// 50 ms with static splits, against 33 ms alone).
+template <typename F>
+inline void parallel_chunks(int64_t n, int64_t chunk, const F& fn) {
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
+    for (int64_t b = next.fetch_add(chunk); b < n; b = next.fetch_add(chunk))
+      fn(b, std::min(n, b + chunk));
+  });
+}
+
 // Run fn(begin, end) over [0, n): in this thread when the work is small, since waking the
-// second OpenMP thread (OMP_WAIT_POLICY=PASSIVE) costs tens of microseconds.
+// second OpenMP thread (OMP_WAIT_POLICY=PASSIVE) costs tens of microseconds; else in chunks
+// of about an eighth of each thread's share.
 template <typename F>
 inline void for_range(int64_t n, int64_t work, const F& fn) {
   constexpr int64_t kSerialWork = 1 << 17;
   if (work < kSerialWork || n < 2) {
     fn(0, n);
   } else {
-    at::parallel_for(0, n, 1, fn);
+    parallel_chunks(n, std::max<int64_t>(1, n / (8 * at::get_num_threads())), fn);
   }
 }
