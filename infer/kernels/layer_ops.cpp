@@ -7,6 +7,7 @@
 // normalized row before the weight multiplies it (as aten's rms_norm does); Gemma's
 // (1 + w) form rounds once at the end.
 #include <ATen/ATen.h>
+#include <type_traits>
 
 #include "ops.h"
 #include "vec.h"
@@ -154,6 +155,25 @@ namespace {
 
 template <typename T, bool kGelu>
 void gate_rows(const T* in, T* out, int64_t width, int64_t begin, int64_t end) {
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+  // bf16 SiLU by hand: GCC's vectorization of the loop below ran at ~1 element per ns.
+  if constexpr (std::is_same_v<T, c10::BFloat16> && !kGelu) {
+    for (int64_t r = begin; r < end; ++r) {
+      const T* g = in + r * 2 * width;
+      const T* u = g + width;
+      T* o = out + r * width;
+      for (int64_t i = 0; i < width; i += 16) {
+        const __mmask16 m = width - i >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (width - i)) - 1);
+        const __m512 x = load_bf16(g + i, m);
+        const __m512 act = _mm512_div_ps(
+            x, _mm512_add_ps(_mm512_set1_ps(1.f), exp16(_mm512_sub_ps(_mm512_setzero_ps(), x))));
+        const __m512 y = _mm512_mul_ps(act, load_bf16(u + i, m));
+        _mm256_mask_storeu_epi16(o + i, m, (__m256i)_mm512_cvtneps_pbh(y));
+      }
+    }
+    return;
+  }
+#endif
   for (int64_t r = begin; r < end; ++r) {
     const T* g = in + r * 2 * width;
     const T* u = g + width;

@@ -164,7 +164,7 @@ def test_norm_kernels_match_torch(dtype, offset: float) -> None:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("gelu", [False, True])
 def test_gated_activation_matches_torch(dtype, gelu: bool) -> None:
-    x = torch.randn(7, 2 * 80, generator=torch.Generator().manual_seed(1)).to(dtype) * 4
+    x = torch.randn(7, 2 * 83, generator=torch.Generator().manual_seed(1)).to(dtype) * 4
     gate, up = x.float().chunk(2, dim=-1)
     f = torch.nn.functional
     act = f.gelu(gate, approximate="tanh") if gelu else f.silu(gate)
