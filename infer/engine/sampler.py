@@ -12,10 +12,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import Tensor
+
+from infer import kernels
 
 MAX_STOP_STRINGS = 8
 MAX_LOGPROBS = 20
@@ -336,13 +338,21 @@ def sample(
     plain = [p.greedy and p.repetition_penalty == 1.0 for p in params]
     # float32 is exact for bf16/fp16 values, and on CPU its argmax is ~3x faster.
     logits = logits.float()  # [B, V]
-    tokens: list[int] = torch.argmax(logits, dim=-1).tolist()
+    tokens: list[int] = _argmax(logits).tolist()
     if all(plain):
         return tokens
     for row in range(batch):
         if not plain[row]:
             tokens[row] = _sample_row(logits[row], params[row], generators[row], histories[row])
     return tokens
+
+
+def _argmax(logits: Tensor) -> Tensor:
+    """``torch.argmax(logits, dim=-1)``; on the CPU by the kernel, whose rows run on both
+    threads (torch's took 2.5 ms of a 64-row decode step, for 12.6 MB of logits)."""
+    if logits.device.type == "cpu" and logits.stride(-1) == 1:
+        return cast(Tensor, kernels.ops().argmax_rows(logits))
+    return torch.argmax(logits, dim=-1)
 
 
 def sample_token(

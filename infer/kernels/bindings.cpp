@@ -19,6 +19,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "paged cache at slots (block * block_size + offset; < 0: not stored)", NoGil());
   m.def("gated_activation", &gated_activation,
         "act(gate) * up of [N, 2I] rows: SiLU, or tanh-GELU when gelu", NoGil());
+  m.def("argmax_rows", &argmax_rows,
+        "torch.argmax(x, dim=1) of float32 rows (first index on ties, NaN the largest)", NoGil());
   m.def("paged_prefill_attention", &paged_prefill_attention,
         "Into out's span rows: causal attention of every prompt span of q [N, H, D] over its "
         "sequence in the paged cache (bf16, blocks of 16; spans int32 [S, 3] = offset, "

@@ -18,6 +18,8 @@ void rope_and_cache(at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& si
 
 at::Tensor gated_activation(const at::Tensor& gate_up, bool gelu);
 
+at::Tensor argmax_rows(const at::Tensor& x);
+
 bool has_bf16_linear();
 
 at::Tensor pack_bf16_linear(const at::Tensor& weight);

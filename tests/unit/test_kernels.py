@@ -205,3 +205,19 @@ def test_rope_and_cache_rotates_and_stores(dtype) -> None:
         assert torch.equal(v_cache[b, :, off // 2, :, off % 2], stored[heads + kv :])
     assert int((k_cache != 0).any(dim=(1, 2, 4)).sum()) == 5  # the five stored slots, no others
     assert int((v_cache != 0).any(dim=(1, 3)).sum()) == 5
+
+
+@pytest.mark.parametrize("width", [1, 15, 16, 17, 49152])
+def test_argmax_rows_matches_torch(width: int) -> None:
+    g = torch.Generator().manual_seed(width)
+    x = torch.randn(9, width, generator=g)
+    x[1] = 0.5  # all tied: the first index
+    x[2, width // 2:] = float("nan")  # NaN is the largest, the first NaN wins
+    x[3] = float("-inf")
+    x[4, -1] = 1e30  # the very last lane (the masked tail when width % 16)
+    x[5, width // 3] = x[5].max() + 1
+    x[5, -1] = x[5, width // 3]  # a tie far apart
+    for rows in (x, torch.cat([x, x], dim=1)[:, :width]):  # contiguous, then strided rows
+        assert torch.equal(kernels.ops().argmax_rows(rows), torch.argmax(rows, dim=-1))
+    with pytest.raises(RuntimeError, match="float32"):
+        kernels.ops().argmax_rows(x.double())
