@@ -9,12 +9,11 @@
 // layouts of VDPBF16PS, with keys as output columns. Each work item, a (span, query head,
 // block of 16 queries), computes its score rows with 16 register accumulators, an exact
 // softmax per row in float, and P.V with P rounded to bf16, as torch's flash kernel also does.
-// Items of every span share one parallel region, longest first.
+// Items of every span share one parallel region, longest first, taken one at a time.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -126,12 +125,13 @@ void paged_prefill_attention(const at::Tensor& q, const at::Tensor& k_cache,
   const int32_t* table_base = tables.data_ptr<int32_t>();
   const int64_t pairs = dim / 2, width = max_blocks * kQ;
   const float fscale = static_cast<float>(scale);
-  std::atomic<int64_t> next{0};
 
-  auto run = [&](int64_t, int64_t) {
-    std::vector<float> scores(kQ * width);
-    std::vector<uint16_t> probs(kQ * width);
-    for (int64_t idx = next++; idx < static_cast<int64_t>(items.size()); idx = next++) {
+  auto run = [&](int64_t i0, int64_t i1) {
+    thread_local std::vector<float> scores;
+    thread_local std::vector<uint16_t> probs;
+    scores.resize(kQ * width);
+    probs.resize(kQ * width);
+    for (int64_t idx = i0; idx < i1; ++idx) {
       const Item& item = items[idx];
       const int64_t offset = info[3 * item.span], length = info[3 * item.span + 1];
       const int64_t start = info[3 * item.span + 2], r0 = item.r0, hq = item.head;
@@ -185,10 +185,11 @@ void paged_prefill_attention(const at::Tensor& q, const at::Tensor& k_cache,
   };
   // A short span (a chat prompt: tens of tokens) is a few microseconds of work per head:
   // less than waking the second thread, so it runs in this one.
+  const auto n_items = static_cast<int64_t>(items.size());
   if (work < (int64_t{1} << 23)) {
-    run(0, 1);
+    run(0, n_items);
   } else {
-    at::parallel_for(0, at::get_num_threads(), 1, run);
+    parallel_chunks(n_items, 1, run);
   }
 }
 
