@@ -163,7 +163,7 @@ void gate_rows(const T* in, T* out, int64_t width, int64_t begin, int64_t end) {
       const T* u = g + width;
       T* o = out + r * width;
       for (int64_t i = 0; i < width; i += 16) {
-        const __mmask16 m = width - i >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (width - i)) - 1);
+        const __mmask16 m = lanes(width - i);
         const __m512 x = load_bf16(g + i, m);
         const __m512 act = _mm512_div_ps(
             x, _mm512_add_ps(_mm512_set1_ps(1.f), exp16(_mm512_sub_ps(_mm512_setzero_ps(), x))));
@@ -228,7 +228,7 @@ int64_t row_argmax(const float* x, int64_t n) {
   __mmask16 unordered = 0;
   int64_t i = 0;
   for (; i < n; i += 16) {
-    const __mmask16 tail = n - i >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __mmask16 tail = lanes(n - i);
     const __m512 v = _mm512_mask_loadu_ps(m, tail, x + i);
     unordered |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
     m = _mm512_max_ps(m, v);

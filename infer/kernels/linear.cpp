@@ -51,7 +51,7 @@ inline void tile(const c10::BFloat16* x, int64_t ldx, const c10::BFloat16* w,
   for (int c = 0; c < C; ++c) {
     const int64_t n = std::min<int64_t>(kLanes, cols_left - c * kLanes);
     if (n <= 0) break;
-    const __mmask16 mask = n == kLanes ? 0xFFFF : static_cast<__mmask16>((1u << n) - 1);
+    const __mmask16 mask = lanes(n);
     const __m512 b = bias ? _mm512_maskz_loadu_ps(mask, bias + c * kLanes) : _mm512_setzero_ps();
     for (int r = 0; r < R; ++r) {
       const __m512 v = _mm512_add_ps(acc[r][c], b);

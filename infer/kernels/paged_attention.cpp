@@ -292,7 +292,7 @@ void for_each_head(const Shape& s, const int32_t* lens, const F& fn) {
     work(0, items);
   } else {
     // Chunks of a few items: each item prefetches the next one's first blocks.
-    parallel_chunks(items, std::max<int64_t>(1, items / (8 * at::get_num_threads())), work);
+    parallel_eighths(items, work);
   }
 }
 

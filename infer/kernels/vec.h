@@ -66,6 +66,11 @@ inline float fast_exp(float x) {
 }
 
 #if defined(__AVX512F__)
+// The first min(left, 16) of 16 lanes: a loop's tail mask.
+inline __mmask16 lanes(int64_t left) {
+  return left >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1);
+}
+
 // fast_exp on 16 lanes, the same steps.
 inline __m512 exp16(__m512 x) {
   const __m512 t = _mm512_mul_ps(
@@ -101,7 +106,7 @@ inline float row_max(const float* x, int64_t n) {
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) m = _mm512_max_ps(m, _mm512_loadu_ps(x + i));
   if (i < n) {
-    const __mmask16 tail = static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __mmask16 tail = lanes(n - i);
     m = _mm512_mask_max_ps(m, tail, m, _mm512_maskz_loadu_ps(tail, x + i));
   }
   return _mm512_reduce_max_ps(m);
@@ -144,15 +149,21 @@ inline void parallel_chunks(int64_t n, int64_t chunk, const F& fn) {
   });
 }
 
+// parallel_chunks with chunks of about an eighth of each thread's share.
+template <typename F>
+inline void parallel_eighths(int64_t n, const F& fn) {
+  parallel_chunks(n, std::max<int64_t>(1, n / (8 * at::get_num_threads())), fn);
+}
+
 // Run fn(begin, end) over [0, n): in this thread when the work is small, since waking the
-// second OpenMP thread (OMP_WAIT_POLICY=PASSIVE) costs tens of microseconds; else in chunks
-// of about an eighth of each thread's share.
+// second OpenMP thread (OMP_WAIT_POLICY=PASSIVE) costs tens of microseconds; else in
+// parallel_eighths.
 template <typename F>
 inline void for_range(int64_t n, int64_t work, const F& fn) {
   constexpr int64_t kSerialWork = 1 << 17;
   if (work < kSerialWork || n < 2) {
     fn(0, n);
   } else {
-    parallel_chunks(n, std::max<int64_t>(1, n / (8 * at::get_num_threads())), fn);
+    parallel_eighths(n, fn);
   }
 }
