@@ -3,9 +3,9 @@
 // The weight [N, K] is packed once into [N/16, K/2, 16, 2]: one 64-byte load holds two k's
 // of 16 output columns, which is what VDPBF16PS multiplies against a broadcast pair of x
 // values, accumulating in float. A tile of kRows rows x kCols*16 columns keeps its
-// accumulators in registers across all of K, so each weight load feeds kRows FMAs; the
-// threads take column groups one at a time, and rows go 64 at a time so that a row block
-// stays in L2 while the weights stream past it. Each output element is one dot product
+// accumulators in registers across all of K, so each weight load feeds kRows FMAs; each
+// thread runs its own share of column groups in order, prefetching the next group's weights,
+// and rows go 64 at a time so that a row block stays in L2 while the weights stream past it. Each output element is one dot product
 // accumulated in k order, whatever the number of rows: results do not depend on the batch.
 //
 // oneDNN reorders weights the same way but costs ~40 us per call at these sizes; at one row
@@ -29,37 +29,53 @@ constexpr int64_t kCols = 4;        // packed blocks per tile (64 columns)
 constexpr int64_t kRows = 6;        // rows per tile: 24 accumulators + 4 weights + 1 broadcast
 constexpr int64_t kRowBlock = 64;   // rows per pass over the weights
 
-// One tile: rows [0, R) of x against column blocks [0, C) starting at w.
+// What the tiles of one work item share: its 64-column group of the packed weight, and where
+// the weights of the thread's next item are, to prefetch a line of every `pf_every` k pairs.
+struct Group {
+  const c10::BFloat16* w;
+  int64_t block_stride, k_pairs;
+  const float* bias;
+  int64_t cols_left, ldo;
+  bool out_float;
+  int64_t pf_every;
+};
+
+// One tile: rows [0, R) of x against column blocks [0, C) of the group; pf: the next
+// weights' lines this tile prefetches (nullptr: none).
 template <int R, int C>
-inline void tile(const c10::BFloat16* x, int64_t ldx, const c10::BFloat16* w,
-                 int64_t block_stride, int64_t k_pairs, const float* bias, int64_t cols_left,
-                 void* out, int64_t ldo, bool out_float) {
+inline void tile(const Group& g, const c10::BFloat16* x, int64_t ldx, void* out, const char* pf) {
   __m512 acc[R][C];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
   const int32_t* xr[R];
   for (int r = 0; r < R; ++r) xr[r] = reinterpret_cast<const int32_t*>(x + r * ldx);
-  for (int64_t kp = 0; kp < k_pairs; ++kp) {
+  for (int64_t kp = 0, p = 0; kp < g.k_pairs; ++kp) {
+    if (pf && ++p == g.pf_every) {
+      _mm_prefetch(pf, _MM_HINT_T1);
+      pf += 64;
+      p = 0;
+    }
     __m512bh wv[C];
     for (int c = 0; c < C; ++c)
-      wv[c] = (__m512bh)_mm512_loadu_si512(w + c * block_stride + kp * 2 * kLanes);
+      wv[c] = (__m512bh)_mm512_loadu_si512(g.w + c * g.block_stride + kp * 2 * kLanes);
     for (int r = 0; r < R; ++r) {
       const __m512bh xb = (__m512bh)_mm512_set1_epi32(xr[r][kp]);
       for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], wv[c], xb);
     }
   }
   for (int c = 0; c < C; ++c) {
-    const int64_t n = std::min<int64_t>(kLanes, cols_left - c * kLanes);
+    const int64_t n = std::min<int64_t>(kLanes, g.cols_left - c * kLanes);
     if (n <= 0) break;
     const __mmask16 mask = lanes(n);
-    const __m512 b = bias ? _mm512_maskz_loadu_ps(mask, bias + c * kLanes) : _mm512_setzero_ps();
+    const __m512 b =
+        g.bias ? _mm512_maskz_loadu_ps(mask, g.bias + c * kLanes) : _mm512_setzero_ps();
     for (int r = 0; r < R; ++r) {
       const __m512 v = _mm512_add_ps(acc[r][c], b);
-      if (out_float) {
-        float* dst = static_cast<float*>(out) + r * ldo + c * kLanes;
+      if (g.out_float) {
+        float* dst = static_cast<float*>(out) + r * g.ldo + c * kLanes;
         _mm512_mask_storeu_ps(dst, mask, v);
       } else {
-        auto* dst = static_cast<c10::BFloat16*>(out) + r * ldo + c * kLanes;
+        auto* dst = static_cast<c10::BFloat16*>(out) + r * g.ldo + c * kLanes;
         _mm256_mask_storeu_epi16(dst, mask, (__m256i)_mm512_cvtneps_pbh(v));
       }
     }
@@ -67,16 +83,15 @@ inline void tile(const c10::BFloat16* x, int64_t ldx, const c10::BFloat16* w,
 }
 
 template <int C>
-inline void rows_tile(int64_t rows, const c10::BFloat16* x, int64_t ldx, const c10::BFloat16* w,
-                      int64_t block_stride, int64_t k_pairs, const float* bias,
-                      int64_t cols_left, void* out, int64_t ldo, bool out_float) {
+inline void rows_tile(int64_t rows, const Group& g, const c10::BFloat16* x, int64_t ldx,
+                      void* out, const char* pf) {
   switch (rows) {
-    case 6: return tile<6, C>(x, ldx, w, block_stride, k_pairs, bias, cols_left, out, ldo, out_float);
-    case 5: return tile<5, C>(x, ldx, w, block_stride, k_pairs, bias, cols_left, out, ldo, out_float);
-    case 4: return tile<4, C>(x, ldx, w, block_stride, k_pairs, bias, cols_left, out, ldo, out_float);
-    case 3: return tile<3, C>(x, ldx, w, block_stride, k_pairs, bias, cols_left, out, ldo, out_float);
-    case 2: return tile<2, C>(x, ldx, w, block_stride, k_pairs, bias, cols_left, out, ldo, out_float);
-    default: return tile<1, C>(x, ldx, w, block_stride, k_pairs, bias, cols_left, out, ldo, out_float);
+    case 6: return tile<6, C>(g, x, ldx, out, pf);
+    case 5: return tile<5, C>(g, x, ldx, out, pf);
+    case 4: return tile<4, C>(g, x, ldx, out, pf);
+    case 3: return tile<3, C>(g, x, ldx, out, pf);
+    case 2: return tile<2, C>(g, x, ldx, out, pf);
+    default: return tile<1, C>(g, x, ldx, out, pf);
   }
 }
 
@@ -131,30 +146,43 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed, int64_t ou
   const int64_t elem = out_float ? 4 : 2, block_stride = k_pairs * 2 * kLanes;
   const int64_t groups = (blocks + kCols - 1) / kCols;
   // Work items: (block of 64 rows, group of 64 columns), row blocks outermost so that both
-  // threads stream the weights past the same rows.
-  auto work = [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) {
-      const int64_t r0 = i / groups * kRowBlock, g = i % groups;
-      const int64_t r1 = std::min(rows, r0 + kRowBlock);
-      const int64_t col = g * kCols * kLanes;
-      const int64_t cols_left = out_features - col;
-      const auto* w = wp + g * kCols * block_stride;
-      const float* bg = bp ? bp + col : nullptr;
-      const int64_t nblocks = std::min<int64_t>(kCols, blocks - g * kCols);
-      for (int64_t r = r0; r < r1; r += kRows) {
-        const int64_t nr = std::min<int64_t>(kRows, r1 - r);
-        void* o = op + (r * out_features + col) * elem;
-        const auto* xr = xp + r * k;
-        switch (nblocks) {
-          case 4: rows_tile<4>(nr, xr, k, w, block_stride, k_pairs, bg, cols_left, o, out_features, out_float); break;
-          case 3: rows_tile<3>(nr, xr, k, w, block_stride, k_pairs, bg, cols_left, o, out_features, out_float); break;
-          case 2: rows_tile<2>(nr, xr, k, w, block_stride, k_pairs, bg, cols_left, o, out_features, out_float); break;
-          default: rows_tile<1>(nr, xr, k, w, block_stride, k_pairs, bg, cols_left, o, out_features, out_float); break;
-        }
+  // threads stream the weights past the same rows. Each thread runs its own share of items in
+  // order (parallel_owned), so it knows its next one: its tiles prefetch that item's weights
+  // into L2, spread over the tiles as far as a line per k pair allows. The weights then come
+  // from memory while this item computes, not stalling the next item's first tile (batch 1:
+  // 120 linears and the head, 10.5 -> 9.0 ms; 128 rows 92 -> 88 ms).
+  const int64_t row_blocks = (rows + kRowBlock - 1) / kRowBlock;
+  auto work = [&](int64_t i, int64_t next) {
+    const int64_t r0 = i / groups * kRowBlock, gi = i % groups;
+    const int64_t r1 = std::min(rows, r0 + kRowBlock);
+    const int64_t col = gi * kCols * kLanes;
+    const int64_t tiles = (r1 - r0 + kRows - 1) / kRows;
+    Group g{wp + gi * kCols * block_stride, block_stride, k_pairs, bp ? bp + col : nullptr,
+            out_features - col, out_features, out_float, 1};
+    const char* pf = nullptr;
+    int64_t pf_per_tile = 0;
+    if (next >= 0 && next % groups != gi) {
+      const int64_t ng = next % groups;
+      pf = reinterpret_cast<const char*>(wp + ng * kCols * block_stride);
+      const int64_t lines = std::min(kCols, blocks - ng * kCols) * block_stride * 2 / 64;
+      g.pf_every = std::max<int64_t>(1, k_pairs * tiles / lines);
+      pf_per_tile = k_pairs / g.pf_every;
+    }
+    const int64_t nblocks = std::min(kCols, blocks - gi * kCols);
+    for (int64_t r = r0, t = 0; r < r1; r += kRows, ++t) {
+      const int64_t nr = std::min(kRows, r1 - r);
+      void* o = op + (r * out_features + col) * elem;
+      const auto* xr = xp + r * k;
+      const char* tpf = pf ? pf + t * pf_per_tile * 64 : nullptr;
+      switch (nblocks) {
+        case 4: rows_tile<4>(nr, g, xr, k, o, tpf); break;
+        case 3: rows_tile<3>(nr, g, xr, k, o, tpf); break;
+        case 2: rows_tile<2>(nr, g, xr, k, o, tpf); break;
+        default: rows_tile<1>(nr, g, xr, k, o, tpf); break;
       }
     }
   };
-  parallel_chunks(groups * ((rows + kRowBlock - 1) / kRowBlock), 1, work);
+  parallel_owned(groups * row_blocks, work);
   return out;
 }
 

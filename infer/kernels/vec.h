@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -146,6 +147,47 @@ inline void parallel_chunks(int64_t n, int64_t chunk, const F& fn) {
   at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
     for (int64_t b = next.fetch_add(chunk); b < n; b = next.fetch_add(chunk))
       fn(b, std::min(n, b + chunk));
+  });
+}
+
+// Run fn(i, next) for every i in [0, n) on every OpenMP thread. Each thread owns a contiguous
+// share and takes its items in order, so ``next`` (the item it will most likely run after i,
+// or -1) is known and its data can be prefetched while i runs; a thread that finishes its
+// share takes items from the back of the others' (for the same reason as parallel_chunks).
+template <typename F>
+inline void parallel_owned(int64_t n, const F& fn) {
+  if (n <= 0) return;
+  const int64_t threads = std::min<int64_t>(at::get_num_threads(), n);
+  struct alignas(64) Share {
+    std::atomic<uint64_t> span;  // front in the low 32 bits, back (exclusive) in the high
+  };
+  auto pack = [](uint64_t front, uint64_t back) { return front | back << 32; };
+  std::unique_ptr<Share[]> shares(new Share[threads]);
+  for (int64_t t = 0; t < threads; ++t)
+    shares[t].span.store(pack(t * n / threads, (t + 1) * n / threads));
+  // Take the front (owner) or the back (thief) item of share t; -1 when it is empty.
+  auto take = [&](int64_t t, bool front, int64_t* next) -> int64_t {
+    uint64_t span = shares[t].span.load();
+    for (;;) {
+      const uint64_t f = span & 0xFFFFFFFFu, b = span >> 32;
+      if (f >= b) return -1;
+      const uint64_t taken = front ? pack(f + 1, b) : pack(f, b - 1);
+      if (shares[t].span.compare_exchange_weak(span, taken)) {
+        const int64_t i = static_cast<int64_t>(front ? f : b - 1);
+        *next = f + 1 < b ? (front ? i + 1 : i - 1) : -1;
+        return i;
+      }
+    }
+  };
+  at::parallel_for(0, threads, 1, [&](int64_t t0, int64_t t1) {
+    int64_t next;
+    for (int64_t t = t0; t < t1; ++t)
+      for (int64_t i = take(t, true, &next); i >= 0; i = take(t, true, &next)) fn(i, next);
+    for (int64_t k = 1; k < threads; ++k) {
+      const int64_t victim = (t0 + k) % threads;
+      for (int64_t i = take(victim, false, &next); i >= 0; i = take(victim, false, &next))
+        fn(i, next);
+    }
   });
 }
 

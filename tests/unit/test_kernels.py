@@ -91,6 +91,25 @@ def test_bf16_linear_matches_float_matmul(rows: int, out_features: int, bias: bo
     assert torch.equal(alone[0], got[-1])  # batch invariant
 
 
+@needs_bf16
+@pytest.mark.parametrize("threads", [1, 3, 5])
+def test_bf16_linear_is_the_same_on_any_number_of_threads(threads: int) -> None:
+    """Each thread takes its own share of column groups, then the others' leftovers (more
+    threads than cores here, so shares are taken over): every output is written once."""
+    gen = torch.Generator().manual_seed(threads)
+    w = torch.randn(1000, 576, generator=gen).bfloat16()
+    x = torch.randn(150, 576, generator=gen).bfloat16()
+    packed = kernels.ops().pack_bf16_linear(w)
+    want = kernels.ops().bf16_linear(x, packed, 1000, None, True)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for _ in range(20):
+            assert torch.equal(kernels.ops().bf16_linear(x, packed, 1000, None, True), want)
+    finally:
+        torch.set_num_threads(before)
+
+
 def _attention_reference(q, k, v, scale: float, start: int, window: int) -> torch.Tensor:
     t, h, _ = q.shape
     kv, s, _ = k.shape
