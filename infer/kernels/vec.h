@@ -157,6 +157,7 @@ inline void parallel_chunks(int64_t n, int64_t chunk, const F& fn) {
 template <typename F>
 inline void parallel_owned(int64_t n, const F& fn) {
   if (n <= 0) return;
+  TORCH_CHECK(n < (int64_t{1} << 32), "parallel_owned: too many items");
   const int64_t threads = std::min<int64_t>(at::get_num_threads(), n);
   struct alignas(64) Share {
     std::atomic<uint64_t> span;  // front in the low 32 bits, back (exclusive) in the high
