@@ -95,7 +95,7 @@ def test_bf16_linear_matches_float_matmul(rows: int, out_features: int, bias: bo
 @pytest.mark.parametrize("threads", [1, 3, 5])
 def test_bf16_linear_is_the_same_on_any_number_of_threads(threads: int) -> None:
     """Each thread takes its own share of column groups, then the others' leftovers (more
-    threads than cores here, so shares are taken over): every output is written once."""
+    threads than cores here, so shares are taken over): every output comes out the same."""
     gen = torch.Generator().manual_seed(threads)
     w = torch.randn(1000, 576, generator=gen).bfloat16()
     x = torch.randn(150, 576, generator=gen).bfloat16()
