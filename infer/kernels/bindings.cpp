@@ -30,4 +30,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("bf16_linear", &bf16_linear, "x @ W.T + bias with a packed bf16 weight",
         py::arg("x"), py::arg("packed"), py::arg("out_features"), py::arg("bias") = py::none(),
         py::arg("out_float") = false, NoGil());
+  m.def("bf16_gated_linear", &bf16_gated_linear,
+        "act(x @ Wg.T + bg) * (x @ Wu.T + bu), [..., width] bf16, with a weight packed from the "
+        "rows of gate and up taken 32 at a time in turn (SiLU, or tanh-GELU when gelu)",
+        py::arg("x"), py::arg("packed"), py::arg("width"), py::arg("bias") = py::none(),
+        py::arg("gelu") = false, NoGil());
 }

@@ -164,10 +164,7 @@ void gate_rows(const T* in, T* out, int64_t width, int64_t begin, int64_t end) {
       T* o = out + r * width;
       for (int64_t i = 0; i < width; i += 16) {
         const __mmask16 m = lanes(width - i);
-        const __m512 x = load_bf16(g + i, m);
-        const __m512 act = _mm512_div_ps(
-            x, _mm512_add_ps(_mm512_set1_ps(1.f), exp16(_mm512_sub_ps(_mm512_setzero_ps(), x))));
-        const __m512 y = _mm512_mul_ps(act, load_bf16(u + i, m));
+        const __m512 y = _mm512_mul_ps(silu16(load_bf16(g + i, m)), load_bf16(u + i, m));
         _mm256_mask_storeu_epi16(o + i, m, (__m256i)_mm512_cvtneps_pbh(y));
       }
     }

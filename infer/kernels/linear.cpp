@@ -30,8 +30,13 @@ constexpr int64_t kCols = 4;        // packed blocks per tile (64 columns)
 constexpr int64_t kRows = 6;        // rows per tile: 24 accumulators + 4 weights + 1 broadcast
 constexpr int64_t kRowBlock = 64;   // rows per pass over the weights
 
+// The gated projection's activations: none (a plain linear), SiLU or tanh-GELU.
+enum Act : int { kNone = 0, kSilu = 1, kGelu = 2 };
+
 // What the tiles of one work item share: its 64-column group of the packed weight, and where
 // the weights of the thread's next item are, to prefetch a line of every `pf_every` k pairs.
+// With an activation, the group's first 32 columns are gate and its last 32 up, and the tile
+// writes act(gate) * up: 32 columns.
 struct Group {
   const c10::BFloat16* w;
   int64_t block_stride, k_pairs;
@@ -39,6 +44,7 @@ struct Group {
   int64_t cols_left, ldo;
   bool out_float;
   int64_t pf_every;
+  Act act;
 };
 
 // One tile: rows [0, R) of x against column blocks [0, C) of the group; pf: the next
@@ -62,6 +68,23 @@ inline void tile(const Group& g, const c10::BFloat16* x, int64_t ldx, void* out,
     for (int r = 0; r < R; ++r) {
       const __m512bh xb = (__m512bh)_mm512_set1_epi32(xr[r][kp]);
       for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], wv[c], xb);
+    }
+  }
+  if constexpr (C == kCols) {
+    if (g.act != kNone) {
+      for (int c = 0; c < C / 2; ++c) {
+        const __m512 bg = g.bias ? _mm512_loadu_ps(g.bias + c * kLanes) : _mm512_setzero_ps();
+        const __m512 bu =
+            g.bias ? _mm512_loadu_ps(g.bias + (c + C / 2) * kLanes) : _mm512_setzero_ps();
+        for (int r = 0; r < R; ++r) {
+          const __m512 x = _mm512_add_ps(acc[r][c], bg);
+          const __m512 y = _mm512_mul_ps(g.act == kSilu ? silu16(x) : gelu_tanh16(x),
+                                         _mm512_add_ps(acc[r][c + C / 2], bu));
+          auto* dst = static_cast<c10::BFloat16*>(out) + r * g.ldo + c * kLanes;
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), (__m256i)_mm512_cvtneps_pbh(y));
+        }
+      }
+      return;
     }
   }
   for (int c = 0; c < C; ++c) {
@@ -118,8 +141,11 @@ at::Tensor pack_bf16_linear(const at::Tensor& weight) {
   return packed;
 }
 
-at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed, int64_t out_features,
-                       const c10::optional<at::Tensor>& bias, bool out_float) {
+namespace {
+
+// x @ W.T + bias, or with an activation act(gate) * up of the gated weight's halves.
+at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t out_features,
+                  const c10::optional<at::Tensor>& bias, bool out_float, Act act) {
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 && packed.scalar_type() == at::kBFloat16,
               "x and the packed weight must be bf16");
   TORCH_CHECK(packed.dim() == 4 && packed.size(2) == kLanes && packed.size(3) == 2,
@@ -132,8 +158,12 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed, int64_t ou
   auto x2 = x.reshape({-1, k});
   if (x2.stride(0) != k) x2 = x2.contiguous();
   const int64_t rows = x2.size(0);
+  // A gated weight's groups are 32 gate then 32 up columns; its output is half as wide.
+  const int64_t width = act == kNone ? out_features : out_features / 2;
+  TORCH_CHECK(act == kNone || out_features % (kCols * kLanes) == 0,
+              "a gated weight needs a multiple of 64 output features");
   auto sizes = x.sizes().vec();
-  sizes.back() = out_features;
+  sizes.back() = width;
   auto out = at::empty(sizes, x.options().dtype(out_float ? at::kFloat : at::kBFloat16));
   at::Tensor b;
   if (bias.has_value() && bias->defined()) {
@@ -160,7 +190,8 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed, int64_t ou
     const int64_t col = gi * kCols * kLanes;
     const int64_t tiles = (r1 - r0 + kRows - 1) / kRows;
     Group g{wp + gi * kCols * block_stride, block_stride, k_pairs, bp ? bp + col : nullptr,
-            out_features - col, out_features, out_float, 1};
+            out_features - col, width, out_float, 1, act};
+    const int64_t out_col = act == kNone ? col : col / 2;
     const char* pf = nullptr;
     int64_t pf_per_tile = 0;
     if (next >= 0 && next % groups != gi) {
@@ -173,7 +204,7 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed, int64_t ou
     const int64_t nblocks = std::min(kCols, blocks - gi * kCols);
     for (int64_t r = r0, t = 0; r < r1; r += kRows, ++t) {
       const int64_t nr = std::min(kRows, r1 - r);
-      void* o = op + (r * out_features + col) * elem;
+      void* o = op + (r * width + out_col) * elem;
       const auto* xr = xp + r * k;
       const char* tpf = pf ? pf + t * pf_per_tile * 64 : nullptr;
       switch (nblocks) {
@@ -188,6 +219,18 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed, int64_t ou
   return out;
 }
 
+}  // namespace
+
+at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed, int64_t out_features,
+                       const c10::optional<at::Tensor>& bias, bool out_float) {
+  return linear(x, packed, out_features, bias, out_float, kNone);
+}
+
+at::Tensor bf16_gated_linear(const at::Tensor& x, const at::Tensor& packed, int64_t width,
+                             const c10::optional<at::Tensor>& bias, bool gelu) {
+  return linear(x, packed, 2 * width, bias, false, gelu ? kGelu : kSilu);
+}
+
 #else  // no AVX512-BF16 on this CPU: the model keeps oneDNN's linears
 
 bool has_bf16_linear() { return false; }
@@ -198,6 +241,11 @@ at::Tensor pack_bf16_linear(const at::Tensor&) {
 
 at::Tensor bf16_linear(const at::Tensor&, const at::Tensor&, int64_t,
                        const c10::optional<at::Tensor>&, bool) {
+  TORCH_CHECK(false, "this CPU has no AVX512-BF16");
+}
+
+at::Tensor bf16_gated_linear(const at::Tensor&, const at::Tensor&, int64_t,
+                             const c10::optional<at::Tensor>&, bool) {
   TORCH_CHECK(false, "this CPU has no AVX512-BF16");
 }
 

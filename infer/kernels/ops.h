@@ -27,6 +27,9 @@ at::Tensor pack_bf16_linear(const at::Tensor& weight);
 at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed, int64_t out_features,
                        const c10::optional<at::Tensor>& bias, bool out_float);
 
+at::Tensor bf16_gated_linear(const at::Tensor& x, const at::Tensor& packed, int64_t width,
+                             const c10::optional<at::Tensor>& bias, bool gelu);
+
 void paged_prefill_attention(const at::Tensor& q, const at::Tensor& k_cache,
                              const at::Tensor& v_cache, const at::Tensor& tables,
                              const at::Tensor& spans, double scale, int64_t window,

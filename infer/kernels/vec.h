@@ -92,6 +92,23 @@ inline __m512 exp16(__m512 x) {
   return _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
 }
 
+// The gate activations on 16 lanes: SiLU x / (1 + e^-x), and GELU's tanh form
+// 0.5x(1 + tanh y), y = sqrt(2/pi)(x + 0.044715x^3), with tanh y = 1 - 2 / (e^2y + 1).
+inline __m512 silu16(__m512 x) {
+  return _mm512_div_ps(
+      x, _mm512_add_ps(_mm512_set1_ps(1.f), exp16(_mm512_sub_ps(_mm512_setzero_ps(), x))));
+}
+
+inline __m512 gelu_tanh16(__m512 x) {
+  const __m512 x3 = _mm512_mul_ps(_mm512_mul_ps(x, x), x);
+  const __m512 y = _mm512_mul_ps(_mm512_set1_ps(0.7978845608028654f),
+                                 _mm512_fmadd_ps(_mm512_set1_ps(0.044715f), x3, x));
+  const __m512 e = exp16(_mm512_add_ps(y, y));
+  const __m512 t = _mm512_div_ps(_mm512_set1_ps(2.f), _mm512_add_ps(e, _mm512_set1_ps(1.f)));
+  return _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(0.5f), x),
+                       _mm512_sub_ps(_mm512_set1_ps(2.f), t));
+}
+
 // n bf16 values (masked) widened to float.
 inline __m512 load_bf16(const void* p, __mmask16 mask) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(

@@ -15,6 +15,7 @@ from infer.models.layers import (
     AttnCapture,
     Bf16Linear,
     ForwardContext,
+    GatedMLP,
     PagedContext,
     RMSNorm,
     build_mask,
@@ -87,6 +88,9 @@ class CausalLM(nn.Module, ABC):
 
         A tied head gets a packed copy of the embedding (the lookup needs the plain one).
         """
+        for module in self.modules():
+            if isinstance(module, GatedMLP):
+                module.pack_gated()
         pack_linears(self)
         if self.config.tie_word_embeddings:
             head = pack_linear(self.lm_weight(), None)

@@ -110,6 +110,33 @@ def test_bf16_linear_is_the_same_on_any_number_of_threads(threads: int) -> None:
         torch.set_num_threads(before)
 
 
+@needs_bf16
+@pytest.mark.parametrize("rows", [1, 7, 64, 130])
+@pytest.mark.parametrize("gelu", [False, True])
+@pytest.mark.parametrize("bias", [False, True])
+def test_bf16_gated_linear_matches_torch(rows: int, gelu: bool, bias: bool) -> None:
+    """One call projects and gates: act(gate(x)) * up(x), as GatedMLP computes it unfused,
+    rounded to bf16 once; the same row gives the same output in any batch."""
+    from infer.models.layers import Bf16GatedLinear
+
+    gen = torch.Generator().manual_seed(rows)
+    proj = torch.nn.Linear(576, 2 * 192, bias=bias).bfloat16()
+    with torch.no_grad():
+        proj.weight.copy_(torch.randn(proj.weight.shape, generator=gen) / 24)
+        if bias:
+            proj.bias.copy_(torch.randn(proj.bias.shape, generator=gen))
+    x = torch.randn(rows, 576, generator=gen).bfloat16()
+    f = torch.nn.functional
+    b = None if proj.bias is None else proj.bias.float()
+    gate, up = f.linear(x.float(), proj.weight.float(), b).chunk(2, dim=-1)
+    want = (f.gelu(gate, approximate="tanh") if gelu else f.silu(gate)) * up
+    fused = Bf16GatedLinear(proj, gelu)
+    got = fused(x)
+    assert got.dtype == torch.bfloat16 and got.shape == (rows, 192)
+    torch.testing.assert_close(got.float(), want, atol=1e-2 * want.abs().max().item(), rtol=1e-2)
+    assert torch.equal(fused(x[-1:])[0], got[-1])  # batch invariant
+
+
 def _attention_reference(q, k, v, scale: float, start: int, window: int) -> torch.Tensor:
     t, h, _ = q.shape
     kv, s, _ = k.shape
