@@ -411,7 +411,7 @@ class GatedMLP(nn.Module):
 
     def fuse(self) -> None:
         """Replace gate/up with one projection."""
-        self.gate_up_proj = _concat_linear(self.gate_proj, self.up_proj)
+        self.gate_up_proj: nn.Module = _concat_linear(self.gate_proj, self.up_proj)
         del self.gate_proj, self.up_proj
 
     def pack_gated(self) -> None:
