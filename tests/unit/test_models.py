@@ -75,11 +75,11 @@ def pair(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     return ref, ours
 
 
-def _load_dir(path: Path) -> CausalLM:
+def _load_dir(path: Path, dtype: torch.dtype = torch.float32) -> CausalLM:
     config = ModelConfig.from_hf(json.loads((path / "config.json").read_text()))
     with safe_open(str(path / "model.safetensors"), "pt") as f:
         weights = ((k, f.get_tensor(k)) for k in f.keys())
-        return create_model(config, weights, torch.float32)
+        return create_model(config, weights, dtype)
 
 
 def _ids(n: int, seed: int = 1) -> torch.Tensor:
@@ -93,6 +93,25 @@ def test_logits_match_transformers(pair) -> None:
     expected = ref(ids).logits
     got = ours(ids, torch.arange(12)[None]).logits
     torch.testing.assert_close(got, expected, **TOL)
+
+
+@torch.inference_mode()
+def test_bf16_logits_follow_transformers(pair, tmp_path: Path) -> None:
+    """In bf16 (where this CPU has AVX512-BF16: our linears, and the MLP's projection with
+    its gate in one kernel), every position's logits stay within bf16's error of the float32
+    reference, and the likeliest token agrees wherever the reference's top two are apart."""
+    ref, _ = pair
+    ref.save_pretrained(tmp_path, safe_serialization=True)
+    ours = _load_dir(tmp_path, torch.bfloat16)
+    ids = _ids(12)
+    expected = ref(ids).logits[0]
+    got = ours(ids, torch.arange(12)[None]).logits[0].float()
+    scale = expected.abs().max().item()
+    assert (got - expected).abs().max().item() < 0.03 * scale
+    top2 = expected.topk(2, dim=-1).values
+    clear = (top2[:, 0] - top2[:, 1]) > 0.06 * scale
+    assert clear.any()
+    assert torch.equal(got.argmax(-1)[clear], expected.argmax(-1)[clear])
 
 
 def _runner(model: CausalLM, block_size: int = 4) -> tuple[ModelRunner, BlockManager]:
