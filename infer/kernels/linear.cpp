@@ -9,6 +9,11 @@
 // Each output element is one dot product accumulated in k order, whatever the number of
 // rows: results do not depend on the batch.
 //
+// bf16_gated_linear is the MLP's gate/up projection with its activation: the weight's rows
+// come 32 gate then 32 up at a time, so a tile's float accumulators hold matching gate and
+// up columns and it writes only act(gate) * up (30 layers at 1024 rows: 298-301 -> 266-272
+// ms against the projection plus a separate activation pass).
+//
 // oneDNN reorders weights the same way but costs ~40 us per call at these sizes; at one row
 // the model's 120 linears ran at half the memory bandwidth (16.5 ms where 8 ms would do).
 #include <ATen/ATen.h>

@@ -513,8 +513,9 @@ class Bf16GatedLinear(nn.Module):
     The weight is packed with gate's and up's rows taken 32 at a time in turn, so that each
     64-column tile of the kernel holds 32 gate and the matching 32 up columns: it applies the
     activation to the float accumulators and writes only the product. That saves the
-    ``[rows, 2 * intermediate]`` bf16 write and its reread by a separate activation pass
-    (2.5-3.3% of a prefill step), and rounds once instead of three times.
+    ``[rows, 2 * intermediate]`` bf16 write and its reread by a separate activation pass, and
+    rounds once instead of three times: 30 layers' projection and activation at 1024 rows,
+    298-301 -> 266-272 ms; 64 rows, 18.0-18.4 -> 17.2-17.8 ms.
     """
 
     def __init__(self, gate_up: nn.Linear, gelu: bool) -> None:
