@@ -156,15 +156,17 @@ namespace {
 template <typename T, bool kGelu>
 void gate_rows(const T* in, T* out, int64_t width, int64_t begin, int64_t end) {
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
-  // bf16 SiLU by hand: GCC's vectorization of the loop below ran at ~1 element per ns.
-  if constexpr (std::is_same_v<T, c10::BFloat16> && !kGelu) {
+  // bf16 by hand, with the activations the gated linear applies in its tiles: GCC's
+  // vectorization of the loop below ran at ~1 element per ns.
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
     for (int64_t r = begin; r < end; ++r) {
       const T* g = in + r * 2 * width;
       const T* u = g + width;
       T* o = out + r * width;
       for (int64_t i = 0; i < width; i += 16) {
         const __mmask16 m = lanes(width - i);
-        const __m512 y = _mm512_mul_ps(silu16(load_bf16(g + i, m)), load_bf16(u + i, m));
+        const __m512 x = load_bf16(g + i, m);
+        const __m512 y = _mm512_mul_ps(kGelu ? gelu_tanh16(x) : silu16(x), load_bf16(u + i, m));
         _mm256_mask_storeu_epi16(o + i, m, (__m256i)_mm512_cvtneps_pbh(y));
       }
     }
