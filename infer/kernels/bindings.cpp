@@ -21,6 +21,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "act(gate) * up of [N, 2I] rows: SiLU, or tanh-GELU when gelu", NoGil());
   m.def("argmax_rows", &argmax_rows,
         "torch.argmax(x, dim=1) of float32 rows (first index on ties, NaN the largest)", NoGil());
+  m.def("sample_rows", &sample_rows,
+        "One token for each of the given rows of float32 logits [B, V]: repetition penalty "
+        "over each row's seen ids (seen[offsets[i]:offsets[i + 1]]), temperature (0: "
+        "argmax), top-k (0: all), top-p (1: all), then the draw at the row's uniform",
+        NoGil());
   m.def("paged_prefill_attention", &paged_prefill_attention,
         "Into out's span rows: causal attention of every prompt span of q [N, H, D] over its "
         "sequence in the paged cache (bf16, blocks of 16; spans int32 [S, 3] = offset, "

@@ -34,3 +34,9 @@ void paged_prefill_attention(const at::Tensor& q, const at::Tensor& k_cache,
                              const at::Tensor& v_cache, const at::Tensor& tables,
                              const at::Tensor& spans, double scale, int64_t window,
                              at::Tensor& out);
+
+at::Tensor sample_rows(const at::Tensor& logits, const at::Tensor& rows,
+                       const at::Tensor& temperature, const at::Tensor& top_k,
+                       const at::Tensor& top_p, const at::Tensor& penalty,
+                       const at::Tensor& seen, const at::Tensor& seen_offsets,
+                       const at::Tensor& uniform);

@@ -9,8 +9,10 @@ from typing import Any
 import pytest
 import torch
 
+from infer import kernels
 from infer.engine.sampler import (
     SamplingParams,
+    _sample_row,
     apply_repetition_penalty,
     apply_top_k,
     apply_top_p,
@@ -288,6 +290,58 @@ def test_sample_rejects_mismatched_batch() -> None:
         sample(torch.zeros(V), [GREEDY], [None], [[]])
     with pytest.raises(ValueError):
         sample_token(random_logits(2), GREEDY)
+
+
+# --- the CPU kernel against the torch rows ----------------------------------------------
+
+
+@pytest.mark.parametrize("scale", [0.05, 1.0, 4.0])  # flat (the cut beyond 8 nats) to peaked
+def test_kernel_draws_the_torch_rows_tokens(scale: float) -> None:
+    """On the CPU, sample() draws every non-greedy row in the kernel; the per-row torch code
+    is the reference: with the same generators both draw the same tokens, step after step."""
+    params = [
+        SamplingParams(temperature=0.7, seed=1),
+        SamplingParams(temperature=1.0, top_p=0.9, seed=2),
+        SamplingParams(temperature=0.8, top_k=40, seed=3),
+        SamplingParams(temperature=1.3, top_k=200, top_p=0.8, repetition_penalty=1.3, seed=4),
+        SamplingParams(temperature=0.0, repetition_penalty=1.5),
+        SamplingParams(temperature=2.0, top_p=0.5, seed=5),
+        SamplingParams(temperature=0.5, top_k=1, seed=6),
+        SamplingParams(temperature=1.0, top_p=0.999, repetition_penalty=0.8, seed=7),
+    ]
+    kernel_gens = [make_generator(p.seed) for p in params]
+    torch_gens = [make_generator(p.seed) for p in params]
+    histories: list[list[int]] = [[5, 9, 9, 2999, 3000, -1] for _ in params]  # ids past V: ignored
+    drawn = []
+    for step in range(25):
+        logits = random_logits(len(params), vocab=3000, seed=step) * scale
+        got = sample(logits, params, kernel_gens, histories)
+        want = [_sample_row(logits[i], p, torch_gens[i], histories[i])
+                for i, p in enumerate(params)]
+        assert got == want, f"step {step}"
+        for history, token in zip(histories, got, strict=True):
+            history.append(token)
+        drawn.append(got)
+    assert len({row[0] for row in drawn}) > 5  # it really sampled
+
+
+def test_kernel_never_draws_a_banned_token() -> None:
+    """-inf logits (a grammar's mask, a -100 bias after processing) are never drawn, even at
+    the very top of the CDF, with or without a cut."""
+    logits = random_logits(1, vocab=500, seed=2)[0]
+    banned = torch.arange(0, 500, 3)
+    logits[banned] = -math.inf
+    for params in (SamplingParams(temperature=5.0), SamplingParams(temperature=5.0, top_p=0.999),
+                   SamplingParams(temperature=5.0, top_k=400)):
+        rows = logits.expand(64, -1).contiguous()
+        uniforms = torch.linspace(0, 1 - 1e-16, 64, dtype=torch.float64)
+        picked = kernels.ops().sample_rows(
+            rows, torch.arange(64), torch.full((64,), params.temperature),
+            torch.full((64,), params.top_k), torch.full((64,), params.top_p, dtype=torch.float64),
+            torch.ones(64), torch.zeros(0, dtype=torch.long), torch.zeros(65, dtype=torch.long),
+            uniforms)
+        assert not set(picked.tolist()) & set(banned.tolist())
+        assert len(set(picked.tolist())) > 20
 
 
 # --- logprobs --------------------------------------------------------------------------
