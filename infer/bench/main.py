@@ -79,6 +79,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int,
                    help="torch threads for every system, servers included (default: torch's, "
                    "one per core; 1 is steadier on a machine others are using)")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="sampling temperature sent to every server (default: 0, greedy; the "
+                   "in-process baselines stay greedy)")
+    p.add_argument("--top-p", type=float, default=1.0,
+                   help="top-p sent to every server with --temperature (default: 1, none)")
     p.add_argument("--model", default="default", help="(default: %(default)s)")
     p.add_argument("--dtype", choices=list(DTYPES), default="bfloat16",
                    help="(default: %(default)s)")
@@ -114,6 +119,11 @@ def run_bench(args: argparse.Namespace) -> int:
     )
     settings = Settings(loaded, args.model, args.dtype, args.seed, args.url, args.api,
                         args.server_arg, args.threads)
+    if args.temperature > 0:
+        settings.sampling = {"temperature": args.temperature, "top_p": args.top_p}
+        settings.notes.append(
+            f"Sampled: every server request asks for temperature {args.temperature:g} and "
+            f"top_p {args.top_p:g} (no seed); the in-process baselines decode greedily")
     meta = _meta(args, loaded.name)
     scale = SCALE_SIZES[args.scale]
     meta["forward_step_context"] = context = scale.w1_prompt + scale.w1_new // 2  # mid-W1

@@ -68,6 +68,7 @@ class Settings:
     api: str = "native"
     server_args: list[str] = field(default_factory=list)
     threads: int | None = None  # torch intra-op threads everywhere (None: torch's default)
+    sampling: dict[str, float] = field(default_factory=dict)  # sent to servers (empty: greedy)
     notes: list[str] = field(default_factory=list)  # caveats found while probing
     startup_s: dict[str, float] = field(default_factory=dict)  # each server's time to ready
 
@@ -187,6 +188,7 @@ def _gguf_file(model: str) -> Path:
 
 def _http(target: Target, settings: Settings, name: str) -> Measure:
     """Probe the server (ignore_eos support, warm-up), then measure it with the HTTP client."""
+    target = replace(target, extra=target.extra | settings.sampling)
     target = trio.run(_probe_ignore_eos, target, settings, name)
 
     def measure(workload: Workload, on_done: OnDone) -> list[RequestResult]:

@@ -92,3 +92,27 @@ def test_meta_goals_and_markdown(report_dir: Path) -> None:
     for text in (*(f"## {w}:" for w in WORKLOADS), "## Concurrency sweep", "## Goals", *SYSTEMS,
                  report["files"]["throughput"], report["files"]["latency"]):
         assert text in md
+
+
+def test_sampled_load_reaches_the_server(tmp_path: Path) -> None:
+    """--temperature and --top-p go into every server request: the sampled chat load runs to
+    its exact token counts with no error, and the report says how it sampled."""
+    argv = ["bench", "--scale", "smoke", "--systems", "infer-continuous", "--workloads",
+            "chat64", "--temperature", "0.8", "--no-progress"]
+    assert cli.main([*argv, "--top-p", "0.9", "--out", str(tmp_path)]) == 0
+    report = _report(tmp_path)
+    (run,) = report["runs"]
+    (workload,) = report["workloads"]
+    assert run["metrics"]["errors"] == 0
+    assert run["metrics"]["output_tokens"] == workload["output_tokens"]
+    (note,) = [n for n in report["meta"]["notes"] if n.startswith("Sampled")]
+    assert "temperature 0.8" in note and "top_p 0.9" in note
+    md = (tmp_path / report["files"]["md"]).read_text()
+    assert note in md
+    # The fields really go out: given a top_p it refuses, the server is not measured.
+    bad = tmp_path / "bad"
+    assert cli.main([*argv, "--top-p", "1.5", "--out", str(bad)]) == 1
+    refused = _report(bad)
+    assert refused["runs"] == []
+    (unavailable,) = refused["unavailable"]
+    assert "top_p" in unavailable["reason"]
