@@ -61,7 +61,8 @@ def throughput_chart(runs: list[Run], path: Path) -> None:
     ax.set_title("Throughput vs concurrency" + (" (sweep)" if sweep else ""))
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="best")
+    if ax.get_legend_handles_labels()[0]:  # a small run may have plotted nothing here
+        ax.legend(fontsize=7, loc="best")
     fig.tight_layout()
     fig.savefig(path)
 
