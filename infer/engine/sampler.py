@@ -28,6 +28,7 @@ _SEED_RANGE = (-(2**63), 2**64 - 1)
 _NUCLEUS_CANDIDATES = 256
 MAX_PENALTY = 2.0  # presence and frequency penalties, as OpenAI bounds them
 MAX_LOGIT_BIAS = 100.0
+_FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 
 if TYPE_CHECKING:
     from infer.engine.grammar import Grammar
@@ -295,7 +296,8 @@ def _sample_row(
     history: Sequence[int],
 ) -> int:
     """Pick one token for one row that is not plain greedy."""
-    if params.greedy:
+    if params.greedy or abs(float(logits.max())) / params.temperature >= _FLOAT32_MAX:
+        # Greedy, or a temperature so small that logit / t overflows: its limit is greedy.
         penalized = apply_repetition_penalty(logits, history, params.repetition_penalty)
         return int(torch.argmax(penalized))
     weights, ids = _candidates(logits, params, history)

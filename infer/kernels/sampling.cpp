@@ -125,7 +125,20 @@ int64_t sample_row(const float* logits, int64_t V, const RowParams& p, std::vect
       if (x[i] > x[best] || (std::isnan(x[i]) && !std::isnan(x[best]))) best = i;
     return best;
   }
-  if (!(m > -kInf)) return 0;  // every logit -inf or NaN: nothing can be drawn
+  if (std::isnan(m)) return 0;
+  // Every logit -inf (nothing to draw: the first), or a temperature so small that logit / t
+  // overflowed (its limit is greedy): the argmax of the penalized logits.
+  if (std::isinf(m)) {
+    const bool penalized = p.penalty != 1.f && p.n_seen > 0;
+    auto value = [&](int64_t i) {
+      const float v = logits[i];
+      return penalized && seen_mark[i] ? (v < 0 ? v * p.penalty : v / p.penalty) : v;
+    };
+    int64_t best = 0;
+    for (int64_t i = 1; i < V; ++i)
+      if (value(i) > value(best)) best = i;
+    return best;
+  }
   w.resize(V);
   const double total = exponentials(x.data(), w.data(), V, m);
   const int64_t k = p.top_k > 0 && p.top_k < V ? p.top_k : V;

@@ -344,6 +344,18 @@ def test_kernel_never_draws_a_banned_token() -> None:
         assert len(set(picked.tolist())) > 20
 
 
+def test_kernel_tiny_temperature_is_greedy() -> None:
+    """A temperature so small that logit / t overflows to inf still picks the argmax."""
+    logits = random_logits(4, vocab=1000, seed=8) * 3
+    logits[3] -= 20  # all negative: logit / t overflows to -inf everywhere
+    params = [SamplingParams(temperature=1e-40, seed=i) for i in range(4)]
+    gens = [make_generator(p.seed) for p in params]
+    assert sample(logits, params, gens, [[]] * 4) == logits.argmax(dim=-1).tolist()
+    # The per-row torch code (other devices) agrees.
+    assert [_sample_row(logits[i], p, gens[i], []) for i, p in enumerate(params)] == (
+        logits.argmax(dim=-1).tolist())
+
+
 # --- logprobs --------------------------------------------------------------------------
 
 
