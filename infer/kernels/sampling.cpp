@@ -43,13 +43,6 @@ inline bool before(const float* x, int32_t a, int32_t b) {
   return x[a] > x[b] || (x[a] == x[b] && a < b);
 }
 
-// x[i] = x[i] / t, the largest of them returned.
-inline float divide_max(const float* in, float* x, int64_t V, float t) {
-#pragma omp simd
-  for (int64_t i = 0; i < V; ++i) x[i] = in[i] / t;
-  return row_max(x, V);
-}
-
 // w[i] = e^(x[i] - m), 0 for -inf and NaN; returns their sum (float within 256-token chunks,
 // the chunks added in double).
 inline double exponentials(const float* x, float* w, int64_t V, float m) {
@@ -104,41 +97,26 @@ inline void gather(const float* x, int64_t V, float floor, std::vector<int32_t>&
 int64_t sample_row(const float* logits, int64_t V, const RowParams& p, std::vector<float>& x,
                    std::vector<float>& w, std::vector<int32_t>& cand,
                    std::vector<uint8_t>& seen_mark) {
-  const bool greedy = p.temperature == 0.f;
-  const float t = greedy ? 1.f : p.temperature;
-  x.resize(V);
-  float m = divide_max(logits, x.data(), V, t);
+  x.assign(logits, logits + V);
   if (p.penalty != 1.f && p.n_seen > 0) {  // each seen id once, whatever its count
     seen_mark.assign(V, 0);
     for (int64_t j = 0; j < p.n_seen; ++j) {
       const int64_t id = p.seen[j];
       if (id < 0 || id >= V || seen_mark[id]) continue;
       seen_mark[id] = 1;
-      const float v = logits[id];
-      x[id] = (v < 0 ? v * p.penalty : v / p.penalty) / t;
+      x[id] = x[id] < 0 ? x[id] * p.penalty : x[id] / p.penalty;
     }
-    m = row_max(x.data(), V);
   }
-  if (greedy) {  // torch.argmax: the first of equal maxima, NaN the largest
-    int64_t best = 0;
-    for (int64_t i = 1; i < V; ++i)
-      if (x[i] > x[best] || (std::isnan(x[i]) && !std::isnan(x[best]))) best = i;
-    return best;
-  }
-  if (std::isnan(m)) return 0;
-  // Every logit -inf (nothing to draw: the first), or a temperature so small that logit / t
-  // overflowed (its limit is greedy): the argmax of the penalized logits.
-  if (std::isinf(m)) {
-    const bool penalized = p.penalty != 1.f && p.n_seen > 0;
-    auto value = [&](int64_t i) {
-      const float v = logits[i];
-      return penalized && seen_mark[i] ? (v < 0 ? v * p.penalty : v / p.penalty) : v;
-    };
-    int64_t best = 0;
-    for (int64_t i = 1; i < V; ++i)
-      if (value(i) > value(best)) best = i;
-    return best;
-  }
+  if (p.temperature == 0.f) return row_argmax(x.data(), V);  // torch.argmax's rule
+  const float top = row_max(x.data(), V);
+  if (std::isnan(top)) return 0;
+  // Dividing by t > 0 keeps the order, so the largest scaled logit is top / t. When it is
+  // infinite, every logit is -inf (nothing to draw: the first) or a temperature so small that
+  // logit / t overflowed (its limit is greedy): the argmax of the penalized logits.
+  const float t = p.temperature, m = top / t;
+  if (std::isinf(m)) return row_argmax(x.data(), V);
+#pragma omp simd
+  for (int64_t i = 0; i < V; ++i) x[i] = x[i] / t;
   w.resize(V);
   const double total = exponentials(x.data(), w.data(), V, m);
   const int64_t k = p.top_k > 0 && p.top_k < V ? p.top_k : V;

@@ -116,6 +116,34 @@ inline __m512 load_bf16(const void* p, __mmask16 mask) {
 }
 #endif
 
+// The index of a row's largest value, the first one on ties; a NaN counts as the largest
+// (torch.argmax's rule), so the first NaN wins.
+inline int64_t row_argmax(const float* x, int64_t n) {
+  bool nan = false;
+  float best = -std::numeric_limits<float>::infinity();
+#if defined(__AVX512F__)
+  __m512 m = _mm512_set1_ps(best);
+  __mmask16 unordered = 0;
+  int64_t i = 0;
+  for (; i < n; i += 16) {
+    const __mmask16 tail = lanes(n - i);
+    const __m512 v = _mm512_mask_loadu_ps(m, tail, x + i);
+    unordered |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    m = _mm512_max_ps(m, v);
+  }
+  nan = unordered != 0;
+  best = _mm512_reduce_max_ps(m);
+#else
+  for (int64_t i = 0; i < n; ++i) {
+    nan |= std::isnan(x[i]);
+    best = std::max(best, x[i]);
+  }
+#endif
+  for (int64_t i = 0; i < n; ++i)
+    if (nan ? std::isnan(x[i]) : x[i] == best) return i;
+  return 0;  // every value is -inf
+}
+
 // The largest of n floats. GCC leaves a float max reduction scalar even under `omp simd`
 // (it was a quarter of the prefill attention kernel's time).
 inline float row_max(const float* x, int64_t n) {
