@@ -13,7 +13,14 @@ from torch import Tensor, nn
 
 from infer.models.base import CausalLM
 from infer.models.config import ModelConfig
-from infer.models.layers import Attention, ForwardContext, GatedMLP, PagedContext, RMSNorm
+from infer.models.layers import (
+    Attention,
+    ForwardContext,
+    GatedMLP,
+    PagedContext,
+    RMSNorm,
+    kept_rows,
+)
 
 GEMMA_NORM_OFFSET = 1.0
 
@@ -40,7 +47,8 @@ class Gemma3DecoderLayer(nn.Module):
         else:
             h, residual = self.input_layernorm.add_forward(x, residual)
         attn = self.post_attention_layernorm(self.self_attn(h, ctx))
-        h, residual = self.pre_feedforward_layernorm.add_forward(attn, residual)
+        h, residual = self.pre_feedforward_layernorm.add_forward(attn,
+                                                                 kept_rows(residual, attn, ctx))
         return self.post_feedforward_layernorm(self.mlp(h)), residual
 
 

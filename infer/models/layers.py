@@ -168,6 +168,11 @@ class PagedContext:
     windows: dict[str, int] = field(default_factory=dict)  # kind → sliding window (0: none)
     rope: dict[str, tuple[Tensor, Tensor]] = field(default_factory=dict)  # float32 [N, D/2]
     capture: AttnCapture | None = None
+    # The rows the last layer computes beyond its keys and values (those that get logits),
+    # and their sequences; None: every row. See CausalLM.forward_paged.
+    keep: Tensor | None = None
+    keep_seqs: list[int] = field(default_factory=list)
+    keep_layer: int = -1
     _span_arrays: tuple[Tensor, Tensor] | None = None
 
     def span_arrays(self) -> tuple[Tensor, Tensor]:
@@ -182,6 +187,27 @@ class PagedContext:
                                 dtype=torch.int32)
             self._span_arrays = (tables, info)
         return self._span_arrays
+
+    def keep_arrays(self) -> tuple[Tensor, Tensor]:
+        """Block tables ``[R, max_blocks]`` and attended lengths ``[R]`` (int32) of the
+        sequences of the kept rows: each kept row is its sequence's last token."""
+        blocks = [self.seq_blocks[i] for i in self.keep_seqs]
+        tables = torch.zeros(len(blocks), max(len(b) for b in blocks), dtype=torch.int32,
+                             device=self.slots.device)
+        for row, b in zip(tables, blocks, strict=True):
+            row[: len(b)] = b
+        lens = torch.tensor([self.seq_ends[i] for i in self.keep_seqs], dtype=torch.int32,
+                            device=self.slots.device)
+        return tables, lens
+
+
+def kept_rows(residual: Tensor, attn_out: Tensor, ctx: ForwardContext | PagedContext) -> Tensor:
+    """``residual`` cut to the rows the attention returned (all of them but in the last
+    layer of a paged forward that keeps only the rows getting logits)."""
+    if isinstance(ctx, PagedContext) and ctx.keep is not None and \
+            attn_out.shape[0] != residual.shape[0]:
+        return residual.index_select(0, ctx.keep)
+    return residual
 
 
 def paged_decode_attention_reference(
@@ -321,6 +347,16 @@ class Attention(nn.Module):
         """``x`` is ``[N, hidden]``: decode tokens first, then prefill spans."""
         n, layer, window = x.shape[0], self.layer_idx, ctx.windows.get(self.layer_type, 0)
         q, k, v = self._qkv_paged(x, ctx)  # [N, H or K, D]
+        if ctx.capture is not None and layer in ctx.capture.layers:
+            ctx.capture.probs[layer] = self._last_rows(q, ctx, window)
+        if ctx.keep is not None and layer == ctx.keep_layer:
+            # Only the kept rows go on (each its sequence's last token): one query each over
+            # its sequence, as a decode. Every row's key and value are stored above.
+            attend = (kernels.ops().paged_decode_attention if q.device.type == "cpu"
+                      else paged_decode_attention_reference)
+            out = attend(q.index_select(0, ctx.keep), *ctx.cache.layers[layer],
+                         *ctx.keep_arrays(), self.scale, window)  # [R, H, D]
+            return self.o_proj(out.view(out.shape[0], -1))
         nd = ctx.num_decode
         decode = None
         if nd:
@@ -343,8 +379,6 @@ class Attention(nn.Module):
                 for span in ctx.spans:
                     rows = slice(span.offset, span.offset + span.length)
                     out[rows] = self._attend_span(q[rows], k[rows], v[rows], span, ctx)
-        if ctx.capture is not None and layer in ctx.capture.layers:
-            ctx.capture.probs[layer] = self._last_rows(q, ctx, window)
         return self.o_proj(out.view(n, -1))
 
     def _attend_span(self, q: Tensor, k: Tensor, v: Tensor, span: PrefillSpan,
@@ -570,5 +604,7 @@ class DecoderLayer(nn.Module):
             h, residual = self.input_layernorm(x), x
         else:
             h, residual = self.input_layernorm.add_forward(x, residual)
-        h, residual = self.post_attention_layernorm.add_forward(self.self_attn(h, ctx), residual)
+        attn = self.self_attn(h, ctx)
+        h, residual = self.post_attention_layernorm.add_forward(attn,
+                                                                kept_rows(residual, attn, ctx))
         return self.mlp(h), residual
