@@ -166,10 +166,12 @@ class CausalLM(nn.Module, ABC):
         for kind in set(self.config.layer_types):
             ctx.rope[kind] = rope_angles(getattr(self, f"inv_freq_{kind}"), positions)
             ctx.windows[kind] = self._window(kind) or 0
-        if ctx.spans and 0 < logits_index.numel() < input_ids.shape[0]:
+        if ctx.spans and logits_index.numel():
             # Past its keys and values, the last layer only matters for the rows that get
             # logits: the others' attention, o projection and MLP are skipped (a thirtieth
-            # of a prompt's work at 30 layers, less the keys and values).
+            # of a prompt's work at 30 layers, less the keys and values). Whenever a step
+            # has prompt spans, even when every row gets logits: a prompt's last token then
+            # always meets the same kernels, whatever else shares its step (batch invariance).
             seq_of = {row: i for i, row in enumerate(ctx.last_token)}
             ctx.keep, ctx.keep_seqs = logits_index, [seq_of[r] for r in logits_index.tolist()]
             ctx.keep_layer = self.config.num_hidden_layers - 1

@@ -30,8 +30,11 @@ class RMSNorm(nn.Module):
         self.offset = offset
 
     def forward(self, x: Tensor) -> Tensor:
-        if x.device.type == "cpu" and x.is_contiguous():
-            return kernels.ops().rms_norm(x, self.weight, self.eps, self.offset)
+        if x.device.type == "cpu":
+            # Strided views too (Qwen3's and Gemma3's q and k heads, a view of the packed
+            # qkv rows, are strided except at one row): the same kernel for every row count
+            # keeps outputs independent of the batch.
+            return kernels.ops().rms_norm(x.contiguous(), self.weight, self.eps, self.offset)
         if self.offset == 0.0:
             return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
         out = F.rms_norm(x.float(), (x.shape[-1],), None, self.eps)

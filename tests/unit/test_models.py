@@ -146,6 +146,35 @@ def test_chunked_prefill_and_decode_over_paged_cache_equal_uncached_forward(pair
 
 
 @torch.inference_mode()
+def test_a_sequences_logits_do_not_depend_on_what_shares_its_step(pair) -> None:
+    """Bit for bit, in float32: a prompt's one-token last chunk alone in its step and beside
+    another prompt's partial chunk (the last layer, which finishes only the rows that get
+    logits, takes the same kernels for it either way); then its next token decoded alone
+    and beside another sequence (Qwen3's and Gemma3's q/k norms took another path at one
+    row than at several)."""
+    _, ours = pair
+    ids, other = _ids(9, seed=6), _ids(12, seed=7)
+    runner, blocks = _runner(ours)
+    a = _request("a", ids, blocks)
+    runner.run(SchedulerOutput(prefill=[PrefillChunk(a, 0, 8)]))
+    alone = runner.run(SchedulerOutput(prefill=[PrefillChunk(a, 8, 1)])).logits
+    a.output_ids.append(5)
+    alone_decode = runner.run(SchedulerOutput(decode=[a])).logits
+    runner, blocks = _runner(ours)
+    a, b = _request("a", ids, blocks), _request("b", other, blocks)
+    runner.run(SchedulerOutput(prefill=[PrefillChunk(a, 0, 8)]))
+    beside = runner.run(SchedulerOutput(prefill=[PrefillChunk(a, 8, 1), PrefillChunk(b, 0, 6)]))
+    assert alone is not None and beside.logits is not None and beside.requests == [a]
+    assert torch.equal(alone, beside.logits)
+    runner.run(SchedulerOutput(prefill=[PrefillChunk(b, 6, 6)]))
+    a.output_ids.append(5)
+    b.output_ids.append(7)
+    both = runner.run(SchedulerOutput(decode=[a, b])).logits
+    assert alone_decode is not None and both is not None
+    assert torch.equal(alone_decode[0], both[0])
+
+
+@torch.inference_mode()
 def test_right_padded_batch_equals_each_alone(pair) -> None:
     _, ours = pair
     a, b = _ids(5, seed=2)[0], _ids(9, seed=3)[0]
