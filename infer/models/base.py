@@ -172,12 +172,9 @@ class CausalLM(nn.Module, ABC):
             # of a prompt's work at 30 layers, less the keys and values). Whenever a step
             # has prompt spans, even when every row gets logits: a prompt's last token then
             # always meets the same kernels, whatever else shares its step (batch invariance).
-            seq_of = {row: i for i, row in enumerate(ctx.last_token)}
-            ctx.keep, ctx.keep_seqs = logits_index, [seq_of[r] for r in logits_index.tolist()]
-            ctx.keep_layer = self.config.num_hidden_layers - 1
-            x, residual = self._layers(self.model.embed_tokens(input_ids), ctx)  # [R, hidden]
-        else:
-            x, residual = self._layers(self.model.embed_tokens(input_ids), ctx)  # [N, hidden]
+            ctx.keep, ctx.keep_layer = logits_index, self.config.num_hidden_layers - 1
+        x, residual = self._layers(self.model.embed_tokens(input_ids), ctx)  # [N or R, hidden]
+        if ctx.keep is None:
             x, residual = x.index_select(0, logits_index), residual.index_select(0, logits_index)
         hidden, _ = self.model.norm.add_forward(x, residual)
         return ForwardOutput(self.logits(hidden), ctx.capture.probs if ctx.capture else None)

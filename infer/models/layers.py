@@ -171,10 +171,9 @@ class PagedContext:
     windows: dict[str, int] = field(default_factory=dict)  # kind → sliding window (0: none)
     rope: dict[str, tuple[Tensor, Tensor]] = field(default_factory=dict)  # float32 [N, D/2]
     capture: AttnCapture | None = None
-    # The rows the last layer computes beyond its keys and values (those that get logits),
-    # and their sequences; None: every row. See CausalLM.forward_paged.
+    # The rows the last layer computes beyond its keys and values (those that get logits,
+    # each its sequence's last token); None: every row. See CausalLM.forward_paged.
     keep: Tensor | None = None
-    keep_seqs: list[int] = field(default_factory=list)
     keep_layer: int = -1
     _span_arrays: tuple[Tensor, Tensor] | None = None
 
@@ -182,10 +181,7 @@ class PagedContext:
         """The spans' block tables ``[S, max_blocks]`` and ``(offset, length, start)`` rows
         ``[S, 3]``, int32, for the CPU prefill kernel (built once per forward)."""
         if self._span_arrays is None:
-            blocks = self.seq_blocks[self.num_decode :]
-            tables = torch.zeros(len(blocks), max(len(b) for b in blocks), dtype=torch.int32)
-            for row, b in zip(tables, blocks, strict=True):
-                row[: len(b)] = b
+            tables = _block_tables(self.seq_blocks[self.num_decode :], torch.device("cpu"))
             info = torch.tensor([[s.offset, s.length, s.start] for s in self.spans],
                                 dtype=torch.int32)
             self._span_arrays = (tables, info)
@@ -194,14 +190,22 @@ class PagedContext:
     def keep_arrays(self) -> tuple[Tensor, Tensor]:
         """Block tables ``[R, max_blocks]`` and attended lengths ``[R]`` (int32) of the
         sequences of the kept rows: each kept row is its sequence's last token."""
-        blocks = [self.seq_blocks[i] for i in self.keep_seqs]
-        tables = torch.zeros(len(blocks), max(len(b) for b in blocks), dtype=torch.int32,
-                             device=self.slots.device)
-        for row, b in zip(tables, blocks, strict=True):
-            row[: len(b)] = b
-        lens = torch.tensor([self.seq_ends[i] for i in self.keep_seqs], dtype=torch.int32,
-                            device=self.slots.device)
+        assert self.keep is not None
+        seq_of = {row: i for i, row in enumerate(self.last_token)}
+        seqs = [seq_of[row] for row in self.keep.tolist()]
+        device = self.slots.device
+        tables = _block_tables([self.seq_blocks[i] for i in seqs], device)
+        lens = torch.tensor([self.seq_ends[i] for i in seqs], dtype=torch.int32, device=device)
         return tables, lens
+
+
+def _block_tables(blocks: list[Tensor], device: torch.device) -> Tensor:
+    """Sequences' block lists as one int32 table ``[S, max_blocks]``, zero-padded."""
+    tables = torch.zeros(len(blocks), max(len(b) for b in blocks), dtype=torch.int32,
+                         device=device)
+    for row, b in zip(tables, blocks, strict=True):
+        row[: len(b)] = b
+    return tables
 
 
 def kept_rows(residual: Tensor, attn_out: Tensor, ctx: ForwardContext | PagedContext) -> Tensor:
@@ -355,18 +359,14 @@ class Attention(nn.Module):
         if ctx.keep is not None and layer == ctx.keep_layer:
             # Only the kept rows go on (each its sequence's last token): one query each over
             # its sequence, as a decode. Every row's key and value are stored above.
-            attend = (kernels.ops().paged_decode_attention if q.device.type == "cpu"
-                      else paged_decode_attention_reference)
-            out = attend(q.index_select(0, ctx.keep), *ctx.cache.layers[layer],
-                         *ctx.keep_arrays(), self.scale, window)  # [R, H, D]
+            out = self._decode_attention(q.index_select(0, ctx.keep), ctx,
+                                         *ctx.keep_arrays(), window)  # [R, H, D]
             return self.o_proj(out.view(out.shape[0], -1))
         nd = ctx.num_decode
         decode = None
         if nd:
-            attend = (kernels.ops().paged_decode_attention if q.device.type == "cpu"
-                      else paged_decode_attention_reference)
-            decode = attend(q[:nd], *ctx.cache.layers[layer], ctx.block_tables, ctx.seq_lens,
-                            self.scale, window)  # [nd, H, D]
+            decode = self._decode_attention(q[:nd], ctx, ctx.block_tables, ctx.seq_lens,
+                                            window)  # [nd, H, D]
         if not ctx.spans and decode is not None:
             out = decode
         else:
@@ -383,6 +383,13 @@ class Attention(nn.Module):
                     rows = slice(span.offset, span.offset + span.length)
                     out[rows] = self._attend_span(q[rows], k[rows], v[rows], span, ctx)
         return self.o_proj(out.view(n, -1))
+
+    def _decode_attention(self, q: Tensor, ctx: PagedContext, tables: Tensor, lens: Tensor,
+                          window: int) -> Tensor:
+        """One query ``[S, H, D]`` per sequence over its blocks (the C++ kernel on CPU)."""
+        attend = (kernels.ops().paged_decode_attention if q.device.type == "cpu"
+                  else paged_decode_attention_reference)
+        return attend(q, *ctx.cache.layers[self.layer_idx], tables, lens, self.scale, window)
 
     def _attend_span(self, q: Tensor, k: Tensor, v: Tensor, span: PrefillSpan,
                      ctx: PagedContext) -> Tensor:
