@@ -40,4 +40,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "rows of gate and up taken 32 at a time in turn (SiLU, or tanh-GELU when gelu)",
         py::arg("x"), py::arg("packed"), py::arg("width"), py::arg("bias") = py::none(),
         py::arg("gelu") = false, NoGil());
+  m.def("decode_layers", &decode_layers,
+        "A decode step (one token per sequence) through every layer of a Llama-shaped stack "
+        "with the kernels above, in the order the Python layers call them: (x, residual)",
+        NoGil());
 }

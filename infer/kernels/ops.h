@@ -40,3 +40,12 @@ at::Tensor sample_rows(const at::Tensor& logits, const at::Tensor& rows,
                        const at::Tensor& top_p, const at::Tensor& penalty,
                        const at::Tensor& seen, const at::Tensor& seen_offsets,
                        const at::Tensor& uniform);
+
+std::vector<at::Tensor> decode_layers(at::Tensor x, const std::vector<at::Tensor>& weights,
+                                      const std::vector<at::Tensor>& caches,
+                                      const std::vector<at::Tensor>& rope,
+                                      const std::vector<int64_t>& windows,
+                                      const at::Tensor& slots, const at::Tensor& block_tables,
+                                      const at::Tensor& seq_lens, int64_t num_heads,
+                                      int64_t num_kv_heads, int64_t head_dim,
+                                      int64_t intermediate, double scale, double eps, bool gelu);

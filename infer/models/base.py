@@ -14,6 +14,7 @@ from infer.models.config import ModelConfig
 from infer.models.layers import (
     AttnCapture,
     Bf16Linear,
+    DecodeStack,
     ForwardContext,
     GatedMLP,
     PagedContext,
@@ -55,6 +56,7 @@ class CausalLM(nn.Module, ABC):
 
     norm_offset: float = 0.0  # Gemma stores norm weights as (w - 1)
     embed_scale: bool = False  # Gemma multiplies embeddings by sqrt(hidden)
+    decode_stack: DecodeStack | None = None  # decode steps in one kernel call, once packed
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -92,6 +94,8 @@ class CausalLM(nn.Module, ABC):
             if isinstance(module, GatedMLP):
                 module.pack_gated()
         pack_linears(self)
+        if not self.embed_scale:
+            self.decode_stack = DecodeStack.of(list(self.model.layers), self.config)
         if self.config.tie_word_embeddings:
             head = pack_linear(self.lm_weight(), None)
             if head is not None:
@@ -183,6 +187,8 @@ class CausalLM(nn.Module, ABC):
         """Every layer; the hidden state is the sum of the two returned tensors."""
         if self.embed_scale:
             x = x * torch.tensor(self.config.hidden_size**0.5, dtype=x.dtype)
+        if self.decode_stack is not None and self.decode_stack.runs(x, ctx):
+            return self.decode_stack(x, ctx)  # type: ignore[arg-type]
         residual = None
         for layer in self.model.layers:
             x, residual = layer(x, residual, ctx)

@@ -618,3 +618,93 @@ class DecoderLayer(nn.Module):
         h, residual = self.post_attention_layernorm.add_forward(attn,
                                                                 kept_rows(residual, attn, ctx))
         return self.mlp(h), residual
+
+
+class DecodeStack:
+    """Every layer of a decode-only step in one kernel call (``decode_stack.cpp``).
+
+    The call runs the kernels :class:`DecoderLayer` runs, in its order, so its outputs are
+    the same bits; what it saves is the ~8 Python calls per layer. Each of those releases the
+    GIL for its kernel and must retake it afterwards, and in a server the event loop holds the
+    GIL while it writes tokens. Built by :meth:`of` for Llama-shaped stacks whose linears all
+    run the bf16 kernel; other models, and steps with prompt chunks or attention capture,
+    run the layers one by one.
+    """
+
+    _NONE = torch.empty(0)  # a weight or bias the layer does not have
+
+    def __init__(self, layers: list[DecoderLayer], config: ModelConfig) -> None:
+        attn = layers[0].self_attn
+        self.kinds = [layer.self_attn.layer_type for layer in layers]
+        self.heads = (attn.num_heads, attn.num_kv_heads, attn.head_dim)
+        self.scale, self.eps = attn.scale, layers[0].input_layernorm.eps
+        self.intermediate = config.intermediate_size
+        self.gelu = layers[0].mlp.gelu
+        self.weights: list[Tensor] = []
+        for layer in layers:
+            packed = _packed(layer)
+            assert packed is not None, "of() builds a stack only from packed layers"
+            qkv, o, gate_up, down = packed
+            q_norm, k_norm = layer.self_attn.q_norm, layer.self_attn.k_norm
+            self.weights += [
+                layer.input_layernorm.weight, qkv.packed, self._opt(qkv.bias),
+                o.packed, self._opt(o.bias), layer.post_attention_layernorm.weight,
+                gate_up.packed, self._opt(gate_up.bias), down.packed, self._opt(down.bias),
+                self._NONE if q_norm is None else q_norm.weight,
+                self._NONE if k_norm is None else k_norm.weight,
+            ]
+
+    @classmethod
+    def _opt(cls, t: Tensor | None) -> Tensor:
+        return cls._NONE if t is None else t
+
+    @classmethod
+    def of(cls, modules: list[nn.Module], config: ModelConfig) -> DecodeStack | None:
+        """The stack for these (packed) layers, or ``None`` when the kernel cannot run them:
+        not all :class:`DecoderLayer`, a linear not on the bf16 kernel, or layers that
+        differ in their norms, scale or activation."""
+        layers = [m for m in modules if type(m) is DecoderLayer]
+        if not layers or len(layers) != len(modules):
+            return None
+        first = layers[0]
+        qk_norm = first.self_attn.q_norm is not None
+        for layer in layers:
+            a = layer.self_attn
+            norms = [layer.input_layernorm, layer.post_attention_layernorm]
+            if (a.q_norm is not None) != qk_norm or (a.k_norm is not None) != qk_norm:
+                return None
+            if a.q_norm is not None and a.k_norm is not None:
+                norms += [a.q_norm, a.k_norm]
+            if (_packed(layer) is None or a.scale != first.self_attn.scale
+                    or layer.mlp.gelu != first.mlp.gelu
+                    or any(n.offset != 0.0 or n.eps != first.input_layernorm.eps
+                           or n.weight.dtype != torch.bfloat16 for n in norms)):
+                return None
+        return cls(layers, config)
+
+    def runs(self, x: Tensor, ctx: ForwardContext | PagedContext) -> bool:
+        """Whether this forward is one the kernel runs: decode tokens only, nothing captured."""
+        return (isinstance(ctx, PagedContext) and not ctx.spans and ctx.capture is None
+                and ctx.keep is None and ctx.num_decode == x.shape[0] > 0)
+
+    def __call__(self, x: Tensor, ctx: PagedContext) -> tuple[Tensor, Tensor]:
+        """``(x, residual)`` after every layer, as :meth:`CausalLM._layers` returns them."""
+        rope = [t for kind in self.kinds for t in ctx.rope[kind]]
+        caches = [t for pair in ctx.cache.layers for t in pair]
+        windows = [ctx.windows.get(kind, 0) for kind in self.kinds]
+        x, residual = kernels.ops().decode_layers(
+            x.contiguous(), self.weights, caches, rope, windows, ctx.slots, ctx.block_tables,
+            ctx.seq_lens, *self.heads, self.intermediate, self.scale, self.eps, self.gelu)
+        return x, residual
+
+
+def _packed(layer: DecoderLayer) -> tuple[Bf16Linear, Bf16Linear, Bf16GatedLinear,
+                                          Bf16Linear] | None:
+    """A layer's qkv, o, gate/up and down projections, if all run the bf16 kernel."""
+    a, mlp = layer.self_attn, layer.mlp
+    qkv, o = getattr(a, "qkv_proj", None), a.o_proj
+    gate_up, down = getattr(mlp, "gate_up_proj", None), mlp.down_proj
+    if (isinstance(qkv, Bf16Linear) and isinstance(o, Bf16Linear)
+            and isinstance(gate_up, Bf16GatedLinear) and isinstance(down, Bf16Linear)):
+        return qkv, o, gate_up, down
+    return None

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
 import transformers
 from safetensors import safe_open
 
+from infer import kernels
 from infer.engine.block_manager import BlockManager
 from infer.engine.config import EngineConfig
 from infer.engine.request import Request
@@ -18,6 +20,7 @@ from infer.engine.sampler import SamplingParams
 from infer.engine.scheduler import PrefillChunk, SchedulerOutput
 from infer.models.base import CausalLM
 from infer.models.config import ModelConfig
+from infer.models.gemma3 import Gemma3ForCausalLM
 from infer.models.layers import AttnCapture
 from infer.models.registry import create_model
 
@@ -172,6 +175,41 @@ def test_a_sequences_logits_do_not_depend_on_what_shares_its_step(pair) -> None:
     both = runner.run(SchedulerOutput(decode=[a, b])).logits
     assert alone_decode is not None and both is not None
     assert torch.equal(alone_decode[0], both[0])
+
+
+@pytest.mark.skipif(not kernels.has_bf16(), reason="the decode stack needs AVX512-BF16")
+@torch.inference_mode()
+def test_decode_steps_in_one_kernel_call_equal_the_layer_by_layer_forward(
+        pair, tmp_path: Path) -> None:
+    """bf16 Llama and Qwen3 run a decode-only step's layers in one C++ call (DecodeStack);
+    its logits are bit for bit those of the layers called one by one, step after step.
+    Gemma3's layer is another shape and always runs layer by layer."""
+    ref, _ = pair
+    ref.save_pretrained(tmp_path, safe_serialization=True)
+    ours = _load_dir(tmp_path, torch.bfloat16)
+    if isinstance(ours, Gemma3ForCausalLM):
+        assert ours.decode_stack is None
+        return
+    stack = ours.decode_stack
+    assert stack is not None
+    spy = mock.Mock(wraps=stack)
+    logits = {}
+    for fused in (True, False):
+        ours.decode_stack = spy if fused else None
+        runner, blocks = _runner(ours)
+        a, b = _request("a", _ids(9, seed=2), blocks), _request("b", _ids(5, seed=3), blocks)
+        runner.run(SchedulerOutput(prefill=[PrefillChunk(a, 0, 9), PrefillChunk(b, 0, 5)]))
+        steps = []
+        for token in (3, 50, 17):
+            a.output_ids.append(token)
+            b.output_ids.append(token + 1)
+            out = runner.run(SchedulerOutput(decode=[a, b]))
+            assert out.logits is not None
+            steps.append(out.logits)
+        logits[fused] = torch.stack(steps)
+    ours.decode_stack = stack
+    assert spy.call_count == 3  # the decode steps, not the prefill
+    assert torch.equal(logits[True], logits[False])
 
 
 @torch.inference_mode()
