@@ -41,7 +41,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("x"), py::arg("packed"), py::arg("width"), py::arg("bias") = py::none(),
         py::arg("gelu") = false, NoGil());
   m.def("decode_layers", &decode_layers,
-        "A decode step (one token per sequence) through every layer of a Llama-shaped stack "
-        "with the kernels above, in the order the Python layers call them: (x, residual)",
+        "A decode step (one token per sequence) through every layer of the stack with the "
+        "kernels above, in the order the Python layers call them: (x, residual)",
         NoGil());
 }

@@ -1,26 +1,32 @@
-// A decode step through every layer of a Llama-shaped stack in one call.
+// A decode step through every layer of the stack in one call.
 //
 // The same kernels, in the same order, as the Python layers (DecoderLayer, Attention,
-// GatedMLP in infer/models/layers.py) run them, so the outputs are bit for bit the same: this
-// file only saves the ~8 Python calls per layer, each a pybind dispatch, a GIL release and a
-// GIL retake. Under a serving load the retake is what costs: the event loop holds the GIL
-// while it writes tokens, and the engine thread waits for it after every kernel.
+// GatedMLP in infer/models/layers.py; Gemma3DecoderLayer in gemma3.py) run them, so the
+// outputs are bit for bit the same: this file only saves the ~8 Python calls per layer, each
+// a pybind dispatch, a GIL release and a GIL retake. Under a serving load the retake is what
+// costs: the event loop holds the GIL while it writes tokens, and the engine thread waits
+// for it after every kernel.
 #include "ops.h"
 
 namespace {
 
-// Per layer, in this order (an empty tensor where a layer has none): input norm, qkv packed,
-// qkv bias, o packed, o bias, post-attention norm, gate/up packed, gate/up bias, down packed,
-// down bias, q norm, k norm.
-constexpr int64_t kPerLayer = 12;
+// Per layer, in this order (an empty tensor where a layer has none):
+//   0 input norm (adds the previous layer's output to the residual first),
+//   1, 2 qkv packed and bias, 3, 4 o packed and bias,
+//   5 post-attention norm of the attention output (Gemma3),
+//   6 pre-MLP norm (adds the attention output to the residual first),
+//   7, 8 gate/up packed and bias, 9, 10 down packed and bias,
+//   11 post-MLP norm of the MLP output (Gemma3),
+//   12, 13 q and k norms (Qwen3, Gemma3).
+constexpr int64_t kPerLayer = 14;
 
 c10::optional<at::Tensor> maybe(const at::Tensor& t) {
   return t.numel() ? c10::optional<at::Tensor>(t) : c10::nullopt;
 }
 
-// Qwen3's per-head norm of a strided view of the qkv rows, as RMSNorm.forward does it.
-void norm_heads(at::Tensor heads, const at::Tensor& weight, double eps) {
-  heads.copy_(rms_norm(heads.contiguous(), weight, eps, 0.0));
+// The per-head norm of a strided view of the qkv rows, as RMSNorm.forward does it.
+void norm_heads(at::Tensor heads, const at::Tensor& weight, double eps, double offset) {
+  heads.copy_(rms_norm(heads.contiguous(), weight, eps, offset));
 }
 
 }  // namespace
@@ -32,8 +38,8 @@ std::vector<at::Tensor> decode_layers(at::Tensor x, const std::vector<at::Tensor
                                       const at::Tensor& slots, const at::Tensor& block_tables,
                                       const at::Tensor& seq_lens, int64_t num_heads,
                                       int64_t num_kv_heads, int64_t head_dim,
-                                      int64_t intermediate, double scale,
-                                      double eps, bool gelu) {
+                                      int64_t intermediate, double scale, double eps,
+                                      double norm_offset, bool gelu) {
   const auto layers = static_cast<int64_t>(windows.size());
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "x must be a contiguous [N, hidden]");
   TORCH_CHECK(static_cast<int64_t>(weights.size()) == layers * kPerLayer &&
@@ -41,31 +47,35 @@ std::vector<at::Tensor> decode_layers(at::Tensor x, const std::vector<at::Tensor
                   static_cast<int64_t>(rope.size()) == layers * 2 && layers > 0,
               "decode_layers: ", kPerLayer, " weights, 2 caches and cos/sin per layer");
   const int64_t n = x.size(0), hidden = x.size(1), heads = num_heads + 2 * num_kv_heads;
+  const double off = norm_offset;
   at::Tensor residual, h;
   for (int64_t l = 0; l < layers; ++l) {
     const at::Tensor* w = &weights[l * kPerLayer];
     if (l == 0) {
-      h = rms_norm(x, w[0], eps, 0.0);
+      h = rms_norm(x, w[0], eps, off);
       residual = x;
     } else {
-      add_rms_norm(x, residual, w[0], eps, 0.0);
+      add_rms_norm(x, residual, w[0], eps, off);
       h = x;
     }
     at::Tensor qkv = bf16_linear(h, w[1], heads * head_dim, maybe(w[2]), false);
     at::Tensor view = qkv.view({n, heads, head_dim});
-    if (w[10].numel()) {
-      norm_heads(view.slice(1, 0, num_heads), w[10], eps);
-      norm_heads(view.slice(1, num_heads, num_heads + num_kv_heads), w[11], eps);
+    if (w[12].numel()) {
+      norm_heads(view.slice(1, 0, num_heads), w[12], eps, off);
+      norm_heads(view.slice(1, num_heads, num_heads + num_kv_heads), w[13], eps, off);
     }
     at::Tensor k_cache = caches[2 * l], v_cache = caches[2 * l + 1];
     rope_and_cache(qkv, rope[2 * l], rope[2 * l + 1], num_heads, num_kv_heads, k_cache,
                    v_cache, slots);
     at::Tensor attn = paged_decode_attention(view.slice(1, 0, num_heads), k_cache, v_cache,
                                              block_tables, seq_lens, scale, windows[l]);
-    at::Tensor o = bf16_linear(attn.view({n, num_heads * head_dim}), w[3], hidden, maybe(w[4]), false);
-    add_rms_norm(o, residual, w[5], eps, 0.0);
-    at::Tensor gated = bf16_gated_linear(o, w[6], intermediate, maybe(w[7]), gelu);
-    x = bf16_linear(gated, w[8], hidden, maybe(w[9]), false);
+    at::Tensor o =
+        bf16_linear(attn.view({n, num_heads * head_dim}), w[3], hidden, maybe(w[4]), false);
+    if (w[5].numel()) o = rms_norm(o, w[5], eps, off);
+    add_rms_norm(o, residual, w[6], eps, off);
+    at::Tensor gated = bf16_gated_linear(o, w[7], intermediate, maybe(w[8]), gelu);
+    x = bf16_linear(gated, w[9], hidden, maybe(w[10]), false);
+    if (w[11].numel()) x = rms_norm(x, w[11], eps, off);
   }
   return {x, residual};
 }

@@ -48,4 +48,5 @@ std::vector<at::Tensor> decode_layers(at::Tensor x, const std::vector<at::Tensor
                                       const at::Tensor& slots, const at::Tensor& block_tables,
                                       const at::Tensor& seq_lens, int64_t num_heads,
                                       int64_t num_kv_heads, int64_t head_dim,
-                                      int64_t intermediate, double scale, double eps, bool gelu);
+                                      int64_t intermediate, double scale, double eps,
+                                      double norm_offset, bool gelu);

@@ -94,8 +94,7 @@ class CausalLM(nn.Module, ABC):
             if isinstance(module, GatedMLP):
                 module.pack_gated()
         pack_linears(self)
-        if not self.embed_scale:
-            self.decode_stack = DecodeStack.of(list(self.model.layers), self.config)
+        self.decode_stack = DecodeStack.of(list(self.model.layers), self.config)
         if self.config.tie_word_embeddings:
             head = pack_linear(self.lm_weight(), None)
             if head is not None:

@@ -38,6 +38,12 @@ class Gemma3DecoderLayer(nn.Module):
         self.mlp = GatedMLP(config)
         self.post_feedforward_layernorm = RMSNorm(h, eps, off)
 
+    def stack_norms(self) -> tuple[RMSNorm, RMSNorm | None, RMSNorm, RMSNorm | None]:
+        """Its norms as :class:`~infer.models.layers.DecodeStack` runs them (see
+        :meth:`DecoderLayer.stack_norms`): each of the four."""
+        return (self.input_layernorm, self.post_attention_layernorm,
+                self.pre_feedforward_layernorm, self.post_feedforward_layernorm)
+
     def forward(
         self, x: Tensor, residual: Tensor | None, ctx: ForwardContext | PagedContext
     ) -> tuple[Tensor, Tensor]:

@@ -603,6 +603,11 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = GatedMLP(config)
 
+    def stack_norms(self) -> tuple[RMSNorm, RMSNorm | None, RMSNorm, RMSNorm | None]:
+        """Its norms as :class:`DecodeStack` runs them: before attention (adding to the
+        residual), after it (none), before the MLP (adding), after it (none)."""
+        return self.input_layernorm, None, self.post_attention_layernorm, None
+
     def forward(
         self, x: Tensor, residual: Tensor | None, ctx: ForwardContext | PagedContext
     ) -> tuple[Tensor, Tensor]:
@@ -623,21 +628,22 @@ class DecoderLayer(nn.Module):
 class DecodeStack:
     """Every layer of a decode-only step in one kernel call (``decode_stack.cpp``).
 
-    The call runs the kernels :class:`DecoderLayer` runs, in its order, so its outputs are
-    the same bits; what it saves is the ~8 Python calls per layer. Each of those releases the
-    GIL for its kernel and must retake it afterwards, and in a server the event loop holds the
-    GIL while it writes tokens. Built by :meth:`of` for Llama-shaped stacks whose linears all
-    run the bf16 kernel; other models, and steps with prompt chunks or attention capture,
-    run the layers one by one.
+    The call runs the kernels the layers run, in their order, so its outputs are the same
+    bits; what it saves is the ~8 Python calls per layer. Each of those releases the GIL for
+    its kernel and must retake it afterwards, and in a server the event loop holds the GIL
+    while it writes tokens. Built by :meth:`of` for stacks of :class:`DecoderLayer` (Llama,
+    Qwen3) or Gemma3's layer whose linears all run the bf16 kernel; other models, and steps
+    with prompt chunks or attention capture, run the layers one by one.
     """
 
-    _NONE = torch.empty(0)  # a weight or bias the layer does not have
+    _NONE = torch.empty(0)  # a weight, bias or norm the layer does not have
 
-    def __init__(self, layers: list[DecoderLayer], config: ModelConfig) -> None:
-        attn = layers[0].self_attn
+    def __init__(self, layers: list[Any], config: ModelConfig) -> None:
+        attn: Attention = layers[0].self_attn
         self.kinds = [layer.self_attn.layer_type for layer in layers]
         self.heads = (attn.num_heads, attn.num_kv_heads, attn.head_dim)
-        self.scale, self.eps = attn.scale, layers[0].input_layernorm.eps
+        first_norm: RMSNorm = layers[0].input_layernorm
+        self.scale, self.eps, self.offset = attn.scale, first_norm.eps, first_norm.offset
         self.intermediate = config.intermediate_size
         self.gelu = layers[0].mlp.gelu
         self.weights: list[Tensor] = []
@@ -645,13 +651,13 @@ class DecodeStack:
             packed = _packed(layer)
             assert packed is not None, "of() builds a stack only from packed layers"
             qkv, o, gate_up, down = packed
-            q_norm, k_norm = layer.self_attn.q_norm, layer.self_attn.k_norm
+            pre_attn, post_attn, pre_mlp, post_mlp = layer.stack_norms()
+            a = layer.self_attn
             self.weights += [
-                layer.input_layernorm.weight, qkv.packed, self._opt(qkv.bias),
-                o.packed, self._opt(o.bias), layer.post_attention_layernorm.weight,
-                gate_up.packed, self._opt(gate_up.bias), down.packed, self._opt(down.bias),
-                self._NONE if q_norm is None else q_norm.weight,
-                self._NONE if k_norm is None else k_norm.weight,
+                pre_attn.weight, qkv.packed, self._opt(qkv.bias), o.packed, self._opt(o.bias),
+                self._norm(post_attn), pre_mlp.weight, gate_up.packed, self._opt(gate_up.bias),
+                down.packed, self._opt(down.bias), self._norm(post_mlp),
+                self._norm(a.q_norm), self._norm(a.k_norm),
             ]
 
     @classmethod
@@ -659,25 +665,30 @@ class DecodeStack:
         return cls._NONE if t is None else t
 
     @classmethod
+    def _norm(cls, norm: RMSNorm | None) -> Tensor:
+        return cls._NONE if norm is None else norm.weight
+
+    @classmethod
     def of(cls, modules: list[nn.Module], config: ModelConfig) -> DecodeStack | None:
         """The stack for these (packed) layers, or ``None`` when the kernel cannot run them:
-        not all :class:`DecoderLayer`, a linear not on the bf16 kernel, or layers that
-        differ in their norms, scale or activation."""
-        layers = [m for m in modules if type(m) is DecoderLayer]
-        if not layers or len(layers) != len(modules):
+        layers of different classes or of one without ``stack_norms``, a linear not on the
+        bf16 kernel, or layers that differ in their norms, scale or activation."""
+        kind = type(modules[0]) if modules else None
+        if kind is None or not hasattr(kind, "stack_norms") or \
+                any(type(m) is not kind for m in modules):
             return None
-        first = layers[0]
-        qk_norm = first.self_attn.q_norm is not None
+        layers: list[Any] = list(modules)
+        first_norm: RMSNorm = layers[0].input_layernorm
+        first_attn: Attention = layers[0].self_attn
+        qk_norm = first_attn.q_norm is not None
         for layer in layers:
-            a = layer.self_attn
-            norms = [layer.input_layernorm, layer.post_attention_layernorm]
+            a: Attention = layer.self_attn
             if (a.q_norm is not None) != qk_norm or (a.k_norm is not None) != qk_norm:
                 return None
-            if a.q_norm is not None and a.k_norm is not None:
-                norms += [a.q_norm, a.k_norm]
-            if (_packed(layer) is None or a.scale != first.self_attn.scale
-                    or layer.mlp.gelu != first.mlp.gelu
-                    or any(n.offset != 0.0 or n.eps != first.input_layernorm.eps
+            norms = [n for n in (*layer.stack_norms(), a.q_norm, a.k_norm) if n is not None]
+            if (_packed(layer) is None or a.scale != first_attn.scale
+                    or layer.mlp.gelu != layers[0].mlp.gelu
+                    or any(n.offset != first_norm.offset or n.eps != first_norm.eps
                            or n.weight.dtype != torch.bfloat16 for n in norms)):
                 return None
         return cls(layers, config)
@@ -694,12 +705,12 @@ class DecodeStack:
         windows = [ctx.windows.get(kind, 0) for kind in self.kinds]
         x, residual = kernels.ops().decode_layers(
             x.contiguous(), self.weights, caches, rope, windows, ctx.slots, ctx.block_tables,
-            ctx.seq_lens, *self.heads, self.intermediate, self.scale, self.eps, self.gelu)
+            ctx.seq_lens, *self.heads, self.intermediate, self.scale, self.eps, self.offset,
+            self.gelu)
         return x, residual
 
 
-def _packed(layer: DecoderLayer) -> tuple[Bf16Linear, Bf16Linear, Bf16GatedLinear,
-                                          Bf16Linear] | None:
+def _packed(layer: Any) -> tuple[Bf16Linear, Bf16Linear, Bf16GatedLinear, Bf16Linear] | None:
     """A layer's qkv, o, gate/up and down projections, if all run the bf16 kernel."""
     a, mlp = layer.self_attn, layer.mlp
     qkv, o = getattr(a, "qkv_proj", None), a.o_proj
