@@ -694,9 +694,10 @@ class DecodeStack:
         return cls(layers, config)
 
     def runs(self, x: Tensor, ctx: ForwardContext | PagedContext) -> bool:
-        """Whether this forward is one the kernel runs: decode tokens only, nothing captured."""
+        """Whether this forward is one the kernel runs: decode tokens only (so no kept rows,
+        which only steps with prompt spans have), nothing captured."""
         return (isinstance(ctx, PagedContext) and not ctx.spans and ctx.capture is None
-                and ctx.keep is None and ctx.num_decode == x.shape[0] > 0)
+                and ctx.num_decode == x.shape[0] > 0)
 
     def __call__(self, x: Tensor, ctx: PagedContext) -> tuple[Tensor, Tensor]:
         """``(x, residual)`` after every layer, as :meth:`CausalLM._layers` returns them."""

@@ -193,4 +193,3 @@ def get_state() -> ServerState:
     """The state of the app handling the current request."""
     state: ServerState = current_app.extensions["infer"]
     return state
-
