@@ -27,6 +27,8 @@
 
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
 #include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 namespace {
 
@@ -52,6 +54,42 @@ struct Group {
   Act act;
 };
 
+// The epilogue of one output row: bias, the gated activation (act(gate) * up) or none, then
+// bf16 or float stores of the row's C blocks of 16 columns. Both kernels end with it, so their
+// results round alike.
+template <int C>
+inline void finish_row(const Group& g, const __m512* acc, void* out) {
+  if constexpr (C == kCols) {
+    if (g.act != kNone) {
+      for (int c = 0; c < C / 2; ++c) {
+        const __m512 bg = g.bias ? _mm512_loadu_ps(g.bias + c * kLanes) : _mm512_setzero_ps();
+        const __m512 bu =
+            g.bias ? _mm512_loadu_ps(g.bias + (c + C / 2) * kLanes) : _mm512_setzero_ps();
+        const __m512 x = _mm512_add_ps(acc[c], bg);
+        const __m512 y = _mm512_mul_ps(g.act == kSilu ? silu16(x) : gelu_tanh16(x),
+                                       _mm512_add_ps(acc[c + C / 2], bu));
+        auto* dst = static_cast<c10::BFloat16*>(out) + c * kLanes;
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), (__m256i)_mm512_cvtneps_pbh(y));
+      }
+      return;
+    }
+  }
+  for (int c = 0; c < C; ++c) {
+    const int64_t n = std::min<int64_t>(kLanes, g.cols_left - c * kLanes);
+    if (n <= 0) break;
+    const __mmask16 mask = lanes(n);
+    const __m512 b =
+        g.bias ? _mm512_maskz_loadu_ps(mask, g.bias + c * kLanes) : _mm512_setzero_ps();
+    const __m512 v = _mm512_add_ps(acc[c], b);
+    if (g.out_float) {
+      _mm512_mask_storeu_ps(static_cast<float*>(out) + c * kLanes, mask, v);
+    } else {
+      auto* dst = static_cast<c10::BFloat16*>(out) + c * kLanes;
+      _mm256_mask_storeu_epi16(dst, mask, (__m256i)_mm512_cvtneps_pbh(v));
+    }
+  }
+}
+
 // One tile: rows [0, R) of x against column blocks [0, C) of the group; pf: the next
 // weights' lines this tile prefetches (nullptr: none).
 template <int R, int C>
@@ -75,40 +113,8 @@ inline void tile(const Group& g, const c10::BFloat16* x, int64_t ldx, void* out,
       for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], wv[c], xb);
     }
   }
-  if constexpr (C == kCols) {
-    if (g.act != kNone) {
-      for (int c = 0; c < C / 2; ++c) {
-        const __m512 bg = g.bias ? _mm512_loadu_ps(g.bias + c * kLanes) : _mm512_setzero_ps();
-        const __m512 bu =
-            g.bias ? _mm512_loadu_ps(g.bias + (c + C / 2) * kLanes) : _mm512_setzero_ps();
-        for (int r = 0; r < R; ++r) {
-          const __m512 x = _mm512_add_ps(acc[r][c], bg);
-          const __m512 y = _mm512_mul_ps(g.act == kSilu ? silu16(x) : gelu_tanh16(x),
-                                         _mm512_add_ps(acc[r][c + C / 2], bu));
-          auto* dst = static_cast<c10::BFloat16*>(out) + r * g.ldo + c * kLanes;
-          _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), (__m256i)_mm512_cvtneps_pbh(y));
-        }
-      }
-      return;
-    }
-  }
-  for (int c = 0; c < C; ++c) {
-    const int64_t n = std::min<int64_t>(kLanes, g.cols_left - c * kLanes);
-    if (n <= 0) break;
-    const __mmask16 mask = lanes(n);
-    const __m512 b =
-        g.bias ? _mm512_maskz_loadu_ps(mask, g.bias + c * kLanes) : _mm512_setzero_ps();
-    for (int r = 0; r < R; ++r) {
-      const __m512 v = _mm512_add_ps(acc[r][c], b);
-      if (g.out_float) {
-        float* dst = static_cast<float*>(out) + r * g.ldo + c * kLanes;
-        _mm512_mask_storeu_ps(dst, mask, v);
-      } else {
-        auto* dst = static_cast<c10::BFloat16*>(out) + r * g.ldo + c * kLanes;
-        _mm256_mask_storeu_epi16(dst, mask, (__m256i)_mm512_cvtneps_pbh(v));
-      }
-    }
-  }
+  for (int r = 0; r < R; ++r)
+    finish_row<C>(g, acc[r], static_cast<char*>(out) + r * g.ldo * (g.out_float ? 4 : 2));
 }
 
 template <int C>
@@ -124,9 +130,134 @@ inline void rows_tile(int64_t rows, const Group& g, const c10::BFloat16* x, int6
   }
 }
 
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+// AMX (Intel since Sapphire Rapids): TDPBF16PS multiplies a tile of up to 16 rows x 32 k of x
+// by a tile of 16 k pairs x 16 columns of the packed weight, which is already in the tile's
+// layout (a column block's k pairs are consecutive 64-byte rows), accumulating in a 16 x 16
+// float tile. One item of 64 columns keeps four accumulator tiles (tmm0-3) across all of K,
+// loading its rows of x once per 32 k (tmm4) and the weights in two alternating tiles (tmm5,
+// tmm6). Each output element is still one dot product accumulated in k order whatever the
+// number of rows, and the same epilogue rounds it.
+constexpr int64_t kTileRows = 16;
+// Rows per item: the weights stream past up to 256 rows of x, which stay in L2.
+constexpr int64_t kAmxRowBlock = 256;
+bool amx_enabled = true;  // set_amx: tests and benchmarks compare the two kernels
+
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Linux hands out the tile registers' state only on request, once per process.
+bool amx_permitted() {
+  constexpr long kReqXcompPerm = 0x1023, kXtileData = 18;
+  static const bool ok = syscall(SYS_arch_prctl, kReqXcompPerm, kXtileData) == 0;
+  return ok;
+}
+
+// Tiles for m rows (1 to 16): accumulators and x are m rows of 64 bytes, weights 16 k pairs.
+inline void configure_tiles(int m) {
+  TileConfig cfg;
+  for (int t = 0; t < 5; ++t) {
+    cfg.rows[t] = static_cast<uint8_t>(m);
+    cfg.colsb[t] = 64;
+  }
+  cfg.rows[5] = cfg.rows[6] = 16;
+  cfg.colsb[5] = cfg.colsb[6] = 64;
+  _tile_loadconfig(&cfg);
+}
+
+// Rows [0, m) of x (m as configured) against column blocks [0, C) of the group.
+// The next item's weights, prefetched into L2 a few lines per k step while this item computes.
+struct Prefetch {
+  const char* next = nullptr;
+  const char* end = nullptr;
+  int64_t per_step = 0;
+};
+
+template <int C>
+inline void amx_tile(const Group& g, int m, const c10::BFloat16* x, int64_t ldx, char* out,
+                     int64_t out_row_bytes, Prefetch& pf) {
+  alignas(64) float acc[kTileRows][kCols * kLanes];
+  constexpr int64_t kRowBytes = sizeof(acc[0]);
+  _tile_zero(0);
+  if constexpr (C > 1) _tile_zero(1);
+  if constexpr (C > 2) _tile_zero(2);
+  if constexpr (C > 3) _tile_zero(3);
+  const int64_t x_stride = ldx * static_cast<int64_t>(sizeof(c10::BFloat16));
+  for (int64_t kp = 0; kp < g.k_pairs; kp += 16) {
+    const c10::BFloat16* w = g.w + kp * 2 * kLanes;
+    for (int64_t i = 0; i < pf.per_step && pf.next < pf.end; ++i, pf.next += 64)
+      _mm_prefetch(pf.next, _MM_HINT_T1);
+    _tile_loadd(4, x + 2 * kp, x_stride);
+    _tile_loadd(5, w, 64);
+    _tile_dpbf16ps(0, 4, 5);
+    if constexpr (C > 1) {
+      _tile_loadd(6, w + g.block_stride, 64);
+      _tile_dpbf16ps(1, 4, 6);
+    }
+    if constexpr (C > 2) {
+      _tile_loadd(5, w + 2 * g.block_stride, 64);
+      _tile_dpbf16ps(2, 4, 5);
+    }
+    if constexpr (C > 3) {
+      _tile_loadd(6, w + 3 * g.block_stride, 64);
+      _tile_dpbf16ps(3, 4, 6);
+    }
+  }
+  _tile_stored(0, &acc[0][0], kRowBytes);
+  if constexpr (C > 1) _tile_stored(1, &acc[0][kLanes], kRowBytes);
+  if constexpr (C > 2) _tile_stored(2, &acc[0][2 * kLanes], kRowBytes);
+  if constexpr (C > 3) _tile_stored(3, &acc[0][3 * kLanes], kRowBytes);
+  for (int r = 0; r < m; ++r) {
+    __m512 v[C];
+    for (int c = 0; c < C; ++c) v[c] = _mm512_load_ps(&acc[r][c * kLanes]);
+    finish_row<C>(g, v, out + r * out_row_bytes);
+  }
+}
+
+// Rows [r0, r1) of x against one group, 16 rows at a time, prefetching the bytes
+// [pf, pf_end) of the next item's weights on the way.
+inline void amx_item(const Group& g, int64_t nblocks, const c10::BFloat16* x, int64_t ldx,
+                     int64_t r0, int64_t r1, char* out, int64_t out_row_bytes, const char* pf,
+                     const char* pf_end) {
+  const int64_t steps = (r1 - r0 + kTileRows - 1) / kTileRows * (g.k_pairs / 16);
+  Prefetch cursor{pf, pf_end, pf ? ((pf_end - pf) / 64 + steps - 1) / steps : 0};
+  int configured = 0;
+  for (int64_t r = r0; r < r1; r += kTileRows) {
+    const int m = static_cast<int>(std::min(kTileRows, r1 - r));
+    if (m != configured) configure_tiles(configured = m);
+    const auto* xr = x + r * ldx;
+    char* o = out + r * out_row_bytes;
+    switch (nblocks) {
+      case 4: amx_tile<4>(g, m, xr, ldx, o, out_row_bytes, cursor); break;
+      case 3: amx_tile<3>(g, m, xr, ldx, o, out_row_bytes, cursor); break;
+      case 2: amx_tile<2>(g, m, xr, ldx, o, out_row_bytes, cursor); break;
+      default: amx_tile<1>(g, m, xr, ldx, o, out_row_bytes, cursor); break;
+    }
+  }
+  _tile_release();
+}
+
+bool amx_usable(int64_t k) { return amx_enabled && k % 32 == 0 && amx_permitted(); }
+#else
+constexpr int64_t kAmxRowBlock = kRowBlock;
+bool amx_usable(int64_t) { return false; }
+#endif
 }  // namespace
 
 bool has_bf16_linear() { return true; }
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+bool set_amx(bool on) {
+  amx_enabled = on && amx_permitted();
+  return amx_enabled;
+}
+#else
+bool set_amx(bool) { return false; }
+#endif
 
 at::Tensor pack_bf16_linear(const at::Tensor& weight) {
   TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kBFloat16,
@@ -188,10 +319,12 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t out_fea
   // from memory while this item computes, not stalling the next item's first tile (the 120
   // linears and the head, cold weights: 1 row 10.5-11.3 -> 9.7-10.5 ms, 16 rows 17.2-18.7
   // -> 15.4-18.0 ms, 64 rows within noise).
-  const int64_t row_blocks = (rows + kRowBlock - 1) / kRowBlock;
+  const bool amx = amx_usable(k);
+  const int64_t row_block = amx ? kAmxRowBlock : kRowBlock;
+  const int64_t row_blocks = (rows + row_block - 1) / row_block;
   auto work = [&](int64_t i, int64_t next) {
-    const int64_t r0 = i / groups * kRowBlock, gi = i % groups;
-    const int64_t r1 = std::min(rows, r0 + kRowBlock);
+    const int64_t r0 = i / groups * row_block, gi = i % groups;
+    const int64_t r1 = std::min(rows, r0 + row_block);
     const int64_t col = gi * kCols * kLanes;
     const int64_t tiles = (r1 - r0 + kRows - 1) / kRows;
     Group g{wp + gi * kCols * block_stride, block_stride, k_pairs, bp ? bp + col : nullptr,
@@ -207,6 +340,14 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t out_fea
       pf_per_tile = k_pairs / g.pf_every;
     }
     const int64_t nblocks = std::min(kCols, blocks - gi * kCols);
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+    if (amx) {
+      const char* pf_end = pf ? pf + std::min(kCols, blocks - next % groups * kCols) *
+                                         block_stride * 2 : nullptr;
+      amx_item(g, nblocks, xp, k, r0, r1, op + out_col * elem, width * elem, pf, pf_end);
+      return;
+    }
+#endif
     for (int64_t r = r0, t = 0; r < r1; r += kRows, ++t) {
       const int64_t nr = std::min(kRows, r1 - r);
       void* o = op + (r * width + out_col) * elem;
@@ -239,6 +380,8 @@ at::Tensor bf16_gated_linear(const at::Tensor& x, const at::Tensor& packed, int6
 #else  // no AVX512-BF16 on this CPU: the model keeps oneDNN's linears
 
 bool has_bf16_linear() { return false; }
+
+bool set_amx(bool) { return false; }
 
 at::Tensor pack_bf16_linear(const at::Tensor&) {
   TORCH_CHECK(false, "this CPU has no AVX512-BF16");

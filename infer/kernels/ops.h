@@ -21,6 +21,8 @@ at::Tensor gated_activation(const at::Tensor& gate_up, bool gelu);
 at::Tensor argmax_rows(const at::Tensor& x);
 
 bool has_bf16_linear();
+// Use AMX tiles in the bf16 linears where the CPU has them (default); returns whether it does.
+bool set_amx(bool on);
 
 at::Tensor pack_bf16_linear(const at::Tensor& weight);
 

@@ -1,6 +1,8 @@
-"""The C++ paged decode-attention kernel against its torch reference."""
+"""The C++ kernels against their torch references."""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -72,15 +74,32 @@ needs_bf16 = pytest.mark.skipif(not kernels.has_bf16(),
                                 reason="this CPU has no AVX512-BF16")
 
 
+@pytest.fixture(params=["avx512", "amx"])
+def tile_kernel(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The bf16 linears' two kernels: AVX512-BF16 everywhere, AMX tiles where the CPU has them
+    (the default there). Each must pass the same tests on its own."""
+    amx = request.param == "amx"
+    if kernels.ops().set_amx(amx) != amx:
+        kernels.ops().set_amx(True)
+        pytest.skip("this CPU has no AMX-BF16")
+    try:
+        yield request.param
+    finally:
+        kernels.ops().set_amx(True)
+
+
 @needs_bf16
-@pytest.mark.parametrize("rows", [1, 3, 4, 17, 64, 130])
-@pytest.mark.parametrize("out_features,bias", [(960, False), (100, True), (49, False)])
-def test_bf16_linear_matches_float_matmul(rows: int, out_features: int, bias: bool) -> None:
-    """Every row count and ragged column tails; the same row gives the same output in any batch."""
+@pytest.mark.parametrize("rows", [1, 3, 4, 17, 64, 130, 300])
+@pytest.mark.parametrize("out_features,in_features,bias",
+                         [(960, 576, False), (100, 576, True), (49, 576, False), (70, 80, True)])
+def test_bf16_linear_matches_float_matmul(tile_kernel: str, rows: int, out_features: int,
+                                          in_features: int, bias: bool) -> None:
+    """Every row count and ragged column tails (and a K the AMX tiles do not divide, which
+    takes the AVX512 kernel); the same row gives the same output in any batch."""
     gen = torch.Generator().manual_seed(rows * out_features)
-    w = torch.randn(out_features, 576, generator=gen).bfloat16()
+    w = torch.randn(out_features, in_features, generator=gen).bfloat16()
     b = torch.randn(out_features, generator=gen).bfloat16() if bias else None
-    x = torch.randn(rows, 576, generator=gen).bfloat16()
+    x = torch.randn(rows, in_features, generator=gen).bfloat16()
     packed = kernels.ops().pack_bf16_linear(w)
     got = kernels.ops().bf16_linear(x, packed, out_features, b, True)
     want = torch.nn.functional.linear(x.float(), w.float(), None if b is None else b.float())
@@ -93,7 +112,8 @@ def test_bf16_linear_matches_float_matmul(rows: int, out_features: int, bias: bo
 
 @needs_bf16
 @pytest.mark.parametrize("threads", [1, 3, 5])
-def test_bf16_linear_is_the_same_on_any_number_of_threads(threads: int) -> None:
+def test_bf16_linear_is_the_same_on_any_number_of_threads(tile_kernel: str,
+                                                          threads: int) -> None:
     """Each thread takes its own share of column groups, then the others' leftovers (more
     threads than cores here, so shares are taken over): every output comes out the same."""
     gen = torch.Generator().manual_seed(threads)
@@ -111,10 +131,11 @@ def test_bf16_linear_is_the_same_on_any_number_of_threads(threads: int) -> None:
 
 
 @needs_bf16
-@pytest.mark.parametrize("rows", [1, 7, 64, 130])
+@pytest.mark.parametrize("rows", [1, 7, 64, 130, 300])
 @pytest.mark.parametrize("gelu", [False, True])
 @pytest.mark.parametrize("bias", [False, True])
-def test_bf16_gated_linear_matches_torch(rows: int, gelu: bool, bias: bool) -> None:
+def test_bf16_gated_linear_matches_torch(tile_kernel: str, rows: int, gelu: bool,
+                                         bias: bool) -> None:
     """One call projects and gates: act(gate(x)) * up(x), as GatedMLP computes it unfused,
     rounded to bf16 once; the same row gives the same output in any batch."""
     from infer.models.layers import Bf16GatedLinear
