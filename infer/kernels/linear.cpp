@@ -131,7 +131,7 @@ inline void rows_tile(int64_t rows, const Group& g, const c10::BFloat16* x, int6
 }
 
 
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#ifdef INFER_AMX
 // AMX (Intel since Sapphire Rapids): TDPBF16PS multiplies a tile of up to 16 rows x 32 k of x
 // by a tile of 16 k pairs x 16 columns of the packed weight, which is already in the tile's
 // layout (a column block's k pairs are consecutive 64-byte rows), accumulating in a 16 x 16
@@ -142,31 +142,10 @@ inline void rows_tile(int64_t rows, const Group& g, const c10::BFloat16* x, int6
 constexpr int64_t kTileRows = 16;
 // Rows per item: the weights stream past up to 256 rows of x, which stay in L2.
 constexpr int64_t kAmxRowBlock = 256;
-bool amx_enabled = true;  // set_amx: tests and benchmarks compare the two kernels
-
-struct alignas(64) TileConfig {
-  uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
-// Linux hands out the tile registers' state only on request, once per process.
-bool amx_permitted() {
-  constexpr long kReqXcompPerm = 0x1023, kXtileData = 18;
-  static const bool ok = syscall(SYS_arch_prctl, kReqXcompPerm, kXtileData) == 0;
-  return ok;
-}
-
-// Tiles for m rows (1 to 16): accumulators and x are m rows of 64 bytes, weights 16 k pairs.
-inline void configure_tiles(int m) {
-  TileConfig cfg;
-  for (int t = 0; t < 5; ++t) {
-    cfg.rows[t] = static_cast<uint8_t>(m);
-    cfg.colsb[t] = 64;
-  }
-  cfg.rows[5] = cfg.rows[6] = 16;
-  cfg.colsb[5] = cfg.colsb[6] = 64;
-  _tile_loadconfig(&cfg);
+// Tiles for m rows (1 to 16): accumulators (tmm0-3) and x (tmm4) are m rows of 64 bytes,
+// the weights (tmm5, tmm6) 16 k pairs.
+inline void configure_linear_tiles(int m) {
+  configure_tiles({{m, 64}, {m, 64}, {m, 64}, {m, 64}, {m, 64}, {16, 64}, {16, 64}});
 }
 
 // Rows [0, m) of x (m as configured) against column blocks [0, C) of the group.
@@ -228,7 +207,7 @@ inline void amx_item(const Group& g, int64_t nblocks, const c10::BFloat16* x, in
   int configured = 0;
   for (int64_t r = r0; r < r1; r += kTileRows) {
     const int m = static_cast<int>(std::min(kTileRows, r1 - r));
-    if (m != configured) configure_tiles(configured = m);
+    if (m != configured) configure_linear_tiles(configured = m);
     const auto* xr = x + r * ldx;
     char* o = out + r * out_row_bytes;
     switch (nblocks) {
@@ -241,7 +220,7 @@ inline void amx_item(const Group& g, int64_t nblocks, const c10::BFloat16* x, in
   _tile_release();
 }
 
-bool amx_usable(int64_t k) { return amx_enabled && k % 32 == 0 && amx_permitted(); }
+bool amx_usable(int64_t k) { return k % 32 == 0 && use_amx(); }
 #else
 constexpr int64_t kAmxRowBlock = kRowBlock;
 bool amx_usable(int64_t) { return false; }
@@ -250,13 +229,28 @@ bool amx_usable(int64_t) { return false; }
 
 bool has_bf16_linear() { return true; }
 
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#ifdef INFER_AMX
+namespace {
+bool amx_enabled = true;  // set_amx: tests and benchmarks compare the kernels
+
+// Linux hands out the tile registers' state only on request, once per process.
+bool amx_permitted() {
+  constexpr long kReqXcompPerm = 0x1023, kXtileData = 18;
+  static const bool ok = syscall(SYS_arch_prctl, kReqXcompPerm, kXtileData) == 0;
+  return ok;
+}
+}  // namespace
+
 bool set_amx(bool on) {
   amx_enabled = on && amx_permitted();
   return amx_enabled;
 }
+
+bool use_amx() { return amx_enabled && amx_permitted(); }
 #else
 bool set_amx(bool) { return false; }
+
+bool use_amx() { return false; }
 #endif
 
 at::Tensor pack_bf16_linear(const at::Tensor& weight) {
@@ -340,7 +334,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t out_fea
       pf_per_tile = k_pairs / g.pf_every;
     }
     const int64_t nblocks = std::min(kCols, blocks - gi * kCols);
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#ifdef INFER_AMX
     if (amx) {
       const char* pf_end = pf ? pf + std::min(kCols, blocks - next % groups * kCols) *
                                          block_stride * 2 : nullptr;
@@ -382,6 +376,8 @@ at::Tensor bf16_gated_linear(const at::Tensor& x, const at::Tensor& packed, int6
 bool has_bf16_linear() { return false; }
 
 bool set_amx(bool) { return false; }
+
+bool use_amx() { return false; }
 
 at::Tensor pack_bf16_linear(const at::Tensor&) {
   TORCH_CHECK(false, "this CPU has no AVX512-BF16");

@@ -23,6 +23,8 @@ at::Tensor argmax_rows(const at::Tensor& x);
 bool has_bf16_linear();
 // Use AMX tiles in the bf16 linears where the CPU has them (default); returns whether it does.
 bool set_amx(bool on);
+// Whether the kernels use AMX tiles now (the CPU has them, Linux allows them, not turned off).
+bool use_amx();
 
 at::Tensor pack_bf16_linear(const at::Tensor& weight);
 

@@ -72,6 +72,135 @@ struct Item {
   int64_t span, head, r0, cost;
 };
 
+#ifdef INFER_AMX
+// The same item with AMX tiles (Intel since Sapphire Rapids). The caches' layouts are the
+// tiles' too: a key block's [D/2, 16, 2] is a 16-key operand per 32 dims of the query rows,
+// and a value block's [8, D, 2] an 8-pair operand per 16 output columns. Scores for a key
+// block are one 16 x 16 tile; P = e^(s - max), unnormalized, in bf16; P.V runs 64 output
+// columns at a time in four accumulator tiles, each block's P a 16-key operand, and divides by
+// the row's sum at the end. The last block's values past the item's last query are
+// zeroed in a copy (P is 0 there, but 0 * NaN is NaN).
+// One score row: p[t] = bf16(e^((x[t] - max) scale)) for t in [lo, hi), the max taken there,
+// and 0 for t in [begin, lo) and [hi, end). Returns the sum of the exponentials.
+inline float exp_row(const float* x, uint16_t* p, int64_t begin, int64_t lo, int64_t hi,
+                     int64_t end, float scale) {
+  const __m512 mx = _mm512_set1_ps(row_max(x + lo, hi - lo)), vscale = _mm512_set1_ps(scale);
+  __m512 sum = _mm512_setzero_ps();
+  std::memset(p + begin, 0, (lo - begin) * sizeof(uint16_t));
+  for (int64_t t = lo; t < hi; t += 16) {
+    const __mmask16 mask = lanes(hi - t);
+    const __m512 e = _mm512_maskz_mov_ps(
+        mask, exp16(_mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, x + t), mx), vscale)));
+    sum = _mm512_add_ps(sum, e);
+    _mm256_mask_storeu_epi16(p + t, mask, (__m256i)_mm512_cvtneps_pbh(e));
+  }
+  std::memset(p + hi, 0, (end - hi) * sizeof(uint16_t));
+  return _mm512_reduce_add_ps(sum);
+}
+
+struct AmxItem {
+  const uint16_t* q;  // the item's first query row, this head
+  int64_t q_stride;   // elements between query rows
+  const int32_t* table;
+  int64_t h, rows, b0, b1, last;
+};
+
+void amx_attention(const Geometry& g, const AmxItem& it, float* scores, uint16_t* probs,
+                   int64_t width, float scale, int64_t start_row_pos, int64_t window,
+                   uint16_t* out, int64_t out_stride) {
+  const int m = static_cast<int>(it.rows);
+  // Scores, four key blocks at a time (independent accumulators tmm2-5, so the tile unit
+  // overlaps them): tmm0 = Q (32 dims) times K blocks (16 pairs x 16 keys, tmm1 / tmm6).
+  configure_tiles({{m, 64}, {16, 64}, {m, 64}, {m, 64}, {m, 64}, {m, 64}, {16, 64}});
+  const auto key_block = [&](int64_t b) {
+    return g.k_cache + it.table[b] * g.block_elems + it.h * g.dim * kQ;
+  };
+  int64_t b = it.b0;
+  for (; b + 4 <= it.b1; b += 4) {
+    const uint16_t* kb[4] = {key_block(b), key_block(b + 1), key_block(b + 2), key_block(b + 3)};
+    _tile_zero(2);
+    _tile_zero(3);
+    _tile_zero(4);
+    _tile_zero(5);
+    for (int64_t d = 0; d < g.dim; d += 32) {
+      _tile_loadd(0, it.q + d, it.q_stride * 2);
+      _tile_loadd(1, kb[0] + d * kQ, 64);
+      _tile_dpbf16ps(2, 0, 1);
+      _tile_loadd(6, kb[1] + d * kQ, 64);
+      _tile_dpbf16ps(3, 0, 6);
+      _tile_loadd(1, kb[2] + d * kQ, 64);
+      _tile_dpbf16ps(4, 0, 1);
+      _tile_loadd(6, kb[3] + d * kQ, 64);
+      _tile_dpbf16ps(5, 0, 6);
+    }
+    _tile_stored(2, scores + b * kQ, width * 4);
+    _tile_stored(3, scores + (b + 1) * kQ, width * 4);
+    _tile_stored(4, scores + (b + 2) * kQ, width * 4);
+    _tile_stored(5, scores + (b + 3) * kQ, width * 4);
+  }
+  for (; b < it.b1; ++b) {
+    _tile_zero(2);
+    for (int64_t d = 0; d < g.dim; d += 32) {
+      _tile_loadd(0, it.q + d, it.q_stride * 2);
+      _tile_loadd(1, key_block(b) + d * kQ, 64);
+      _tile_dpbf16ps(2, 0, 1);
+    }
+    _tile_stored(2, scores + b * kQ, width * 4);
+  }
+  // P = e^((s - max) scale) in bf16 over each row's keys, 0 elsewhere; normalized at the end.
+  const int64_t k0 = it.b0 * kQ, k1 = it.b1 * kQ;
+  float inv_sum[kQ];
+  for (int64_t r = 0; r < it.rows; ++r) {
+    const int64_t pos = start_row_pos + r;
+    const int64_t first = window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
+    inv_sum[r] = 1.f / exp_row(scores + r * width, probs + r * width, k0, first, pos + 1, k1,
+                               scale);
+  }
+  // P.V: tmm0-3 accumulate 64 output columns, tmm4 = P (16 keys), tmm5 / tmm6 = V (8 pairs
+  // x 16 columns).
+  alignas(64) uint16_t tail[kQ / 2 * 256 * 2];  // the last block's values, head_dim <= 256
+  alignas(64) float acc[kQ][64];
+  const uint16_t* vlast = g.v_cache + it.table[it.b1 - 1] * g.block_elems + it.h * kQ * g.dim;
+  const int64_t keep = it.last - (it.b1 - 1) * kQ + 1;  // positions of the last block in use
+  std::memcpy(tail, vlast, kQ * g.dim * sizeof(uint16_t));
+  for (int64_t j = keep; j < kQ; ++j)
+    for (int64_t d = 0; d < g.dim; ++d) tail[(j / 2 * g.dim + d) * 2 + j % 2] = 0;
+  configure_tiles({{m, 64}, {m, 64}, {m, 64}, {m, 64}, {m, 32}, {8, 64}, {8, 64}});
+  for (int64_t c0 = 0; c0 < g.dim; c0 += 64) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int64_t b = it.b0; b < it.b1; ++b) {
+      const uint16_t* vb = b + 1 == it.b1
+                               ? tail
+                               : g.v_cache + it.table[b] * g.block_elems + it.h * kQ * g.dim;
+      _tile_loadd(4, probs + b * kQ, width * 2);
+      _tile_loadd(5, vb + c0 * 2, g.dim * 4);
+      _tile_dpbf16ps(0, 4, 5);
+      _tile_loadd(6, vb + (c0 + 16) * 2, g.dim * 4);
+      _tile_dpbf16ps(1, 4, 6);
+      _tile_loadd(5, vb + (c0 + 32) * 2, g.dim * 4);
+      _tile_dpbf16ps(2, 4, 5);
+      _tile_loadd(6, vb + (c0 + 48) * 2, g.dim * 4);
+      _tile_dpbf16ps(3, 4, 6);
+    }
+    _tile_stored(0, &acc[0][0], sizeof(acc[0]));
+    _tile_stored(1, &acc[0][16], sizeof(acc[0]));
+    _tile_stored(2, &acc[0][32], sizeof(acc[0]));
+    _tile_stored(3, &acc[0][48], sizeof(acc[0]));
+    for (int64_t r = 0; r < it.rows; ++r) {
+      const __m512 inv = _mm512_set1_ps(inv_sum[r]);
+      for (int c = 0; c < 4; ++c)
+        _mm256_storeu_si256(
+            reinterpret_cast<__m256i*>(out + r * out_stride + c0 + c * 16),
+            (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_load_ps(&acc[r][c * 16]), inv)));
+    }
+  }
+  _tile_release();
+}
+#endif
+
 }  // namespace
 
 void paged_prefill_attention(const at::Tensor& q, const at::Tensor& k_cache,
@@ -125,6 +254,7 @@ void paged_prefill_attention(const at::Tensor& q, const at::Tensor& k_cache,
   const int32_t* table_base = tables.data_ptr<int32_t>();
   const int64_t pairs = dim / 2, width = max_blocks * kQ;
   const float fscale = static_cast<float>(scale);
+  const bool amx = use_amx() && dim <= 256;
 
   auto run = [&](int64_t i0, int64_t i1) {
     thread_local std::vector<float> scores;
@@ -140,6 +270,15 @@ void paged_prefill_attention(const at::Tensor& q, const at::Tensor& k_cache,
       const int64_t last = start + r0 + rows - 1;  // the block's last query position
       const int64_t lo = window > 0 ? std::max<int64_t>(0, start + r0 - window + 1) : 0;
       const int64_t b0 = lo / kQ, b1 = last / kQ + 1;  // key blocks [b0, b1)
+#ifdef INFER_AMX
+      if (amx) {
+        const AmxItem it{qd + (offset + r0) * q.stride(0) + hq * dim, q.stride(0), table, h, rows,
+                         b0, b1, last};
+        amx_attention(g, it, scores.data(), probs.data(), width, fscale, start + r0, window,
+                      od + ((offset + r0) * heads + hq) * dim, heads * dim);
+        continue;
+      }
+#endif
       const int32_t* qrow[kQ];
       for (int64_t r = 0; r < kQ; ++r) {
         const int64_t row = offset + r0 + std::min(r, rows - 1);

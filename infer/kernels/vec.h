@@ -16,6 +16,27 @@
 #include <immintrin.h>
 #endif
 
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#define INFER_AMX 1
+#include <initializer_list>
+#include <utility>
+
+// Load a tile configuration: tile i gets shapes[i] = (rows, bytes per row); palette 1.
+inline void configure_tiles(std::initializer_list<std::pair<int, int>> shapes) {
+  struct alignas(64) {
+    uint8_t palette = 1, start_row = 0, reserved[14] = {};
+    uint16_t colsb[16] = {};
+    uint8_t rows[16] = {};
+  } cfg;
+  int t = 0;
+  for (const auto& [rows, bytes] : shapes) {
+    cfg.rows[t] = static_cast<uint8_t>(rows);
+    cfg.colsb[t++] = static_cast<uint16_t>(bytes);
+  }
+  _tile_loadconfig(&cfg);
+}
+#endif
+
 template <typename T>
 inline float to_float(T x) {
   return static_cast<float>(x);

@@ -175,7 +175,8 @@ def _attention_reference(q, k, v, scale: float, start: int, window: int) -> torc
 @needs_bf16
 @pytest.mark.parametrize("heads,kv,dim,window", [
     (9, 3, 64, 0), (4, 1, 256, 20), (8, 8, 128, 0), (6, 2, 64, 7)])
-def test_paged_prefill_attention_matches_reference(heads, kv, dim, window) -> None:
+def test_paged_prefill_attention_matches_reference(tile_kernel: str, heads, kv, dim,
+                                                   window) -> None:
     """Spans of a packed batch, with and without a cached prefix, over scattered blocks:
     causal, windowed, any GQA grouping; stale (NaN) cache entries past a span never leak."""
     from infer.models.kv_cache import keys_of, values_of
