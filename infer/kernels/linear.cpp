@@ -141,14 +141,13 @@ inline void rows_tile(int64_t rows, const Group& g, const c10::BFloat16* x, int6
 // number of rows, and the same epilogue rounds it.
 constexpr int64_t kTileRows = 16;
 // Rows per item: the weights stream past up to 256 rows of x, which stay in L2.
-constexpr int64_t kAmxRowBlock = 256;
+constexpr int64_t kAmxRowBlock = 512;
 // Tiles for m rows (1 to 16): accumulators (tmm0-3) and x (tmm4) are m rows of 64 bytes,
 // the weights (tmm5, tmm6) 16 k pairs.
 inline void configure_linear_tiles(int m) {
   configure_tiles({{m, 64}, {m, 64}, {m, 64}, {m, 64}, {m, 64}, {16, 64}, {16, 64}});
 }
 
-// Rows [0, m) of x (m as configured) against column blocks [0, C) of the group.
 // The next item's weights, prefetched into L2 a few lines per k step while this item computes.
 struct Prefetch {
   const char* next = nullptr;
@@ -156,6 +155,7 @@ struct Prefetch {
   int64_t per_step = 0;
 };
 
+// Rows [0, m) of x (m as configured) against column blocks [0, C) of the group.
 template <int C>
 inline void amx_tile(const Group& g, int m, const c10::BFloat16* x, int64_t ldx, char* out,
                      int64_t out_row_bytes, Prefetch& pf) {
@@ -197,19 +197,85 @@ inline void amx_tile(const Group& g, int m, const c10::BFloat16* x, int64_t ldx,
   }
 }
 
-// Rows [r0, r1) of x against one group, 16 rows at a time, prefetching the bytes
-// [pf, pf_end) of the next item's weights on the way.
+// 32 rows against column blocks [0, C) of the group, a pair of blocks at a time in 2 x 2
+// tiles (x rows 0-15 and 16-31 in tmm4, tmm5; two blocks' weights in tmm6, tmm7): each
+// weight tile loaded feeds two products, which halves the weights' traffic from L2 against
+// amx_tile. Configured by configure_pair_tiles.
+template <int C>
+inline void amx_tile32(const Group& g, const c10::BFloat16* x, int64_t ldx, char* out,
+                       int64_t out_row_bytes, Prefetch& pf) {
+  alignas(64) float acc[2 * kTileRows][kCols * kLanes];
+  constexpr int64_t kRowBytes = sizeof(acc[0]);
+  const int64_t x_stride = ldx * static_cast<int64_t>(sizeof(c10::BFloat16));
+  const c10::BFloat16* x1 = x + kTileRows * ldx;
+  for (int c = 0; c < C; c += 2) {
+    const bool two = c + 1 < C;
+    _tile_zero(0);
+    _tile_zero(2);
+    if (two) {
+      _tile_zero(1);
+      _tile_zero(3);
+    }
+    for (int64_t kp = 0; kp < g.k_pairs; kp += 16) {
+      const c10::BFloat16* w = g.w + c * g.block_stride + kp * 2 * kLanes;
+      for (int64_t i = 0; i < pf.per_step && pf.next < pf.end; ++i, pf.next += 64)
+        _mm_prefetch(pf.next, _MM_HINT_T1);
+      _tile_loadd(4, x + 2 * kp, x_stride);
+      _tile_loadd(6, w, 64);
+      _tile_loadd(5, x1 + 2 * kp, x_stride);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(2, 5, 6);
+      if (two) {
+        _tile_loadd(7, w + g.block_stride, 64);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(3, 5, 7);
+      }
+    }
+    _tile_stored(0, &acc[0][c * kLanes], kRowBytes);
+    _tile_stored(2, &acc[kTileRows][c * kLanes], kRowBytes);
+    if (two) {
+      _tile_stored(1, &acc[0][(c + 1) * kLanes], kRowBytes);
+      _tile_stored(3, &acc[kTileRows][(c + 1) * kLanes], kRowBytes);
+    }
+  }
+  for (int r = 0; r < 2 * kTileRows; ++r) {
+    __m512 v[C];
+    for (int c = 0; c < C; ++c) v[c] = _mm512_load_ps(&acc[r][c * kLanes]);
+    finish_row<C>(g, v, out + r * out_row_bytes);
+  }
+}
+
+inline void configure_pair_tiles() {
+  configure_tiles({{16, 64}, {16, 64}, {16, 64}, {16, 64}, {16, 64}, {16, 64}, {16, 64},
+                   {16, 64}});
+}
+
+// Rows [r0, r1) of x against one group, 32 rows at a time while they last, then 16 at a
+// time, prefetching the bytes [pf, pf_end) of the next item's weights on the way.
 inline void amx_item(const Group& g, int64_t nblocks, const c10::BFloat16* x, int64_t ldx,
                      int64_t r0, int64_t r1, char* out, int64_t out_row_bytes, const char* pf,
                      const char* pf_end) {
   const int64_t steps = (r1 - r0 + kTileRows - 1) / kTileRows * (g.k_pairs / 16);
   Prefetch cursor{pf, pf_end, pf ? ((pf_end - pf) / 64 + steps - 1) / steps : 0};
-  int configured = 0;
-  for (int64_t r = r0; r < r1; r += kTileRows) {
-    const int m = static_cast<int>(std::min(kTileRows, r1 - r));
-    if (m != configured) configure_linear_tiles(configured = m);
+  int configured = 0;  // rows of the 1 x 4 configuration, or 32 for the 2 x 2 one
+  for (int64_t r = r0; r < r1;) {
     const auto* xr = x + r * ldx;
     char* o = out + r * out_row_bytes;
+    if (r1 - r >= 2 * kTileRows) {
+      if (configured != 2 * kTileRows) configure_pair_tiles();
+      configured = 2 * kTileRows;
+      switch (nblocks) {
+        case 4: amx_tile32<4>(g, xr, ldx, o, out_row_bytes, cursor); break;
+        case 3: amx_tile32<3>(g, xr, ldx, o, out_row_bytes, cursor); break;
+        case 2: amx_tile32<2>(g, xr, ldx, o, out_row_bytes, cursor); break;
+        default: amx_tile32<1>(g, xr, ldx, o, out_row_bytes, cursor); break;
+      }
+      r += 2 * kTileRows;
+      continue;
+    }
+    const int m = static_cast<int>(std::min(kTileRows, r1 - r));
+    if (m != configured) configure_linear_tiles(configured = m);
+    r += m;
     switch (nblocks) {
       case 4: amx_tile<4>(g, m, xr, ldx, o, out_row_bytes, cursor); break;
       case 3: amx_tile<3>(g, m, xr, ldx, o, out_row_bytes, cursor); break;
