@@ -30,7 +30,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "Into out's span rows: causal attention of every prompt span of q [N, H, D] over its "
         "sequence in the paged cache (bf16, blocks of 16; spans int32 [S, 3] = offset, "
         "length, start; window 0 = none)", NoGil());
-  m.def("set_amx", &set_amx, "use AMX in the bf16 linears if the CPU has it; returns whether it is used", NoGil());
+  m.def("set_amx", &set_amx,
+        "use AMX tiles in the bf16 linears and prefill attention if the CPU has them; "
+        "returns whether they are used", NoGil());
   m.def("has_bf16_linear", &has_bf16_linear, "whether this build has the AVX512-BF16 linear", NoGil());
   m.def("pack_bf16_linear", &pack_bf16_linear, "pack a bf16 [N, K] weight for bf16_linear", NoGil());
   m.def("bf16_linear", &bf16_linear, "x @ W.T + bias with a packed bf16 weight",

@@ -130,17 +130,17 @@ inline void rows_tile(int64_t rows, const Group& g, const c10::BFloat16* x, int6
   }
 }
 
-
 #ifdef INFER_AMX
 // AMX (Intel since Sapphire Rapids): TDPBF16PS multiplies a tile of up to 16 rows x 32 k of x
 // by a tile of 16 k pairs x 16 columns of the packed weight, which is already in the tile's
 // layout (a column block's k pairs are consecutive 64-byte rows), accumulating in a 16 x 16
-// float tile. One item of 64 columns keeps four accumulator tiles (tmm0-3) across all of K,
-// loading its rows of x once per 32 k (tmm4) and the weights in two alternating tiles (tmm5,
-// tmm6). Each output element is still one dot product accumulated in k order whatever the
-// number of rows, and the same epilogue rounds it.
+// float tile. An item (up to kAmxRowBlock rows x 64 columns) runs 32 rows at a time in 2 x 2
+// tiles (amx_tile32) and a tail of up to 16 rows in 1 x 4 (amx_tile: four accumulators across
+// all of K, x once per 32 k, the weights in two alternating tiles). Each output element is
+// still one dot product accumulated in k order whatever the number of rows, and the same
+// epilogue rounds it.
 constexpr int64_t kTileRows = 16;
-// Rows per item: the weights stream past up to 256 rows of x, which stay in L2.
+// Rows per item: the weights stream past up to 512 rows of x, which stay in L2.
 constexpr int64_t kAmxRowBlock = 512;
 // Tiles for m rows (1 to 16): accumulators (tmm0-3) and x (tmm4) are m rows of 64 bytes,
 // the weights (tmm5, tmm6) 16 k pairs.

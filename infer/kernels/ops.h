@@ -21,7 +21,8 @@ at::Tensor gated_activation(const at::Tensor& gate_up, bool gelu);
 at::Tensor argmax_rows(const at::Tensor& x);
 
 bool has_bf16_linear();
-// Use AMX tiles in the bf16 linears where the CPU has them (default); returns whether it does.
+// Use AMX tiles in the bf16 linears and prefill attention where the CPU has them (the
+// default); returns whether they are used.
 bool set_amx(bool on);
 // Whether the kernels use AMX tiles now (the CPU has them, Linux allows them, not turned off).
 bool use_amx();

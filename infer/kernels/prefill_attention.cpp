@@ -80,6 +80,7 @@ struct Item {
 // columns at a time in four accumulator tiles, each block's P a 16-key operand, and divides by
 // the row's sum at the end. The last block's values past the item's last query are
 // zeroed in a copy (P is 0 there, but 0 * NaN is NaN).
+
 // e^x for x <= 0 as P needs it: rounded to bf16 right after, so 2^t, t = x log2(e), is its
 // nearest integer (applied by scalef, which also takes very negative t to 0) times a degree-4
 // polynomial of the fraction in [-0.5, 0.5] (relative error under 6e-5, a seventieth of bf16's
