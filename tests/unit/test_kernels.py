@@ -92,11 +92,13 @@ def tile_kernel(request: pytest.FixtureRequest) -> Iterator[str]:
 @needs_bf16
 @pytest.mark.parametrize("rows", [1, 3, 4, 17, 64, 130, 300])
 @pytest.mark.parametrize("out_features,in_features,bias",
-                         [(960, 576, False), (100, 576, True), (49, 576, False), (70, 80, True)])
+                         [(960, 576, False), (100, 576, True), (49, 576, False), (70, 80, True),
+                          (64, 1536, True), (40, 1184, False)])
 def test_bf16_linear_matches_float_matmul(tile_kernel: str, rows: int, out_features: int,
                                           in_features: int, bias: bool) -> None:
     """Every row count and ragged column tails (and a K the AMX tiles do not divide, which
-    takes the AVX512 kernel); the same row gives the same output in any batch."""
+    takes the AVX512 kernel; Ks that AMX runs in equal and unequal chunks); the same row
+    gives the same output in any batch."""
     gen = torch.Generator().manual_seed(rows * out_features)
     w = torch.randn(out_features, in_features, generator=gen).bfloat16()
     b = torch.randn(out_features, generator=gen).bfloat16() if bias else None
@@ -107,8 +109,9 @@ def test_bf16_linear_matches_float_matmul(tile_kernel: str, rows: int, out_featu
     torch.testing.assert_close(got, want, atol=2e-3 * want.abs().max().item(), rtol=1e-3)
     rounded = kernels.ops().bf16_linear(x, packed, out_features, b, False)
     assert rounded.dtype == torch.bfloat16 and torch.equal(rounded, got.bfloat16())
-    alone = kernels.ops().bf16_linear(x[-1:], packed, out_features, b, True)
-    assert torch.equal(alone[0], got[-1])  # batch invariant
+    for row in (0, rows - 1):  # batch invariant (rows 0-31 of 64+ run in the 2 x 2 tiles)
+        alone = kernels.ops().bf16_linear(x[row:row + 1], packed, out_features, b, True)
+        assert torch.equal(alone[0], got[row])
 
 
 @needs_bf16
