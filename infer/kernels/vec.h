@@ -169,8 +169,17 @@ inline int64_t row_argmax(const float* x, int64_t n) {
 // (it was a quarter of the prefill attention kernel's time).
 inline float row_max(const float* x, int64_t n) {
 #if defined(__AVX512F__)
-  __m512 m = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  // Four running maxima: one would wait on vmaxps's latency at every step.
+  const __m512 lowest = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  __m512 m = lowest, m1 = lowest, m2 = lowest, m3 = lowest;
   int64_t i = 0;
+  for (; i + 64 <= n; i += 64) {
+    m = _mm512_max_ps(m, _mm512_loadu_ps(x + i));
+    m1 = _mm512_max_ps(m1, _mm512_loadu_ps(x + i + 16));
+    m2 = _mm512_max_ps(m2, _mm512_loadu_ps(x + i + 32));
+    m3 = _mm512_max_ps(m3, _mm512_loadu_ps(x + i + 48));
+  }
+  m = _mm512_max_ps(_mm512_max_ps(m, m1), _mm512_max_ps(m2, m3));
   for (; i + 16 <= n; i += 16) m = _mm512_max_ps(m, _mm512_loadu_ps(x + i));
   if (i < n) {
     const __mmask16 tail = lanes(n - i);
