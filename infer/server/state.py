@@ -120,15 +120,16 @@ class ServerState:
                     self.engine = await self._load()
                     if self.engine is None:
                         return
-                    # The model loaded here is served for the life of the process: put
-                    # what loading left (~400k tracked objects: torch, transformers, the
-                    # tokenizer) out of the cycle collector's reach. Each full collection
-                    # walked them all, stopping the engine and the event loop for ~200 ms
-                    # once or twice a minute under load. Frozen objects are still freed by
-                    # reference counting. vLLM freezes its startup heap the same way.
-                    gc.collect()
-                    gc.freeze()
-                    frozen = True
+                # The model is served for the life of the app: put what loading left
+                # (~400k tracked objects: torch, transformers, the tokenizer) out of the
+                # cycle collector's reach, whoever loaded it (`infer serve` loads it before
+                # the app starts). Each full collection walked them all, stopping the engine
+                # and the event loop for ~150-200 ms once or twice a minute under load.
+                # Frozen objects are still freed by reference counting. vLLM freezes its
+                # startup heap the same way.
+                gc.collect()
+                gc.freeze()
+                frozen = True
                 worker = EngineWorker(self.engine, output_buffer=self.config.output_buffer,
                                       max_pending_tokens=self.config.max_pending_tokens)
                 async with trio.open_nursery() as nursery:

@@ -85,14 +85,20 @@ async def test_stop_and_seed_over_http(tiny_app) -> None:
     assert seeded[0] == seeded[1] != seeded[2]
 
 
-async def test_a_server_that_loads_its_model_freezes_the_startup_heap(
-        monkeypatch, tiny_app, tmp_path) -> None:
+@pytest.mark.parametrize("loads_its_model", [True, False], ids=["loads-its-model", "given-one"])
+async def test_a_serving_app_freezes_the_startup_heap(
+        monkeypatch, tiny_app, tmp_path, loads_its_model) -> None:
     """Loading leaves ~400k objects the cycle collector would walk at every full collection
-    (~200 ms with the engine and event loop stopped): a server that loaded its own model
-    freezes them (``gc.freeze``) while it serves, and unfreezes them when it stops."""
+    (~200 ms with the engine and event loop stopped): a server freezes them (``gc.freeze``)
+    while it serves, whether it loaded the model itself or was given it loaded (as `infer
+    serve` does), and unfreezes them when it stops."""
     engine = tiny_app().extensions["infer"].engine
-    monkeypatch.setattr(Engine, "from_config", staticmethod(lambda config: engine))
-    app = create_app(ServerConfig(engine=EngineConfig(model=str(tmp_path / "tiny"))))
+    config = ServerConfig(engine=EngineConfig(model=str(tmp_path / "tiny")))
+    if loads_its_model:
+        monkeypatch.setattr(Engine, "from_config", staticmethod(lambda config: engine))
+        app = create_app(config)
+    else:
+        app = create_app(config, engine)
     before = gc.get_freeze_count()
     async with running_server(app) as server, httpx.AsyncClient(
             base_url=server.url, timeout=120) as client:
