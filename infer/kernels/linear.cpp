@@ -140,8 +140,11 @@ inline void rows_tile(int64_t rows, const Group& g, const c10::BFloat16* x, int6
 // still one dot product accumulated in k order whatever the number of rows, and the same
 // epilogue rounds it.
 constexpr int64_t kTileRows = 16;
-// Rows per item: the weights stream past up to 512 rows of x, which stay in L2.
+// Rows per item: the weights stream past up to 512 rows of x, which stay in L2. Long rows
+// (the MLP's down projection, K = 1536) go 256 at a time, keeping an item's x under 1 MB:
+// 512 rows of 3 KB and the weights streaming past them overflowed the 2 MB L2.
 constexpr int64_t kAmxRowBlock = 512;
+constexpr int64_t amx_row_block(int64_t k) { return k > 768 ? kAmxRowBlock / 2 : kAmxRowBlock; }
 // Tiles for m rows (1 to 16): accumulators (tmm0-3) and x (tmm4) are m rows of 64 bytes,
 // the weights (tmm5, tmm6) 16 k pairs.
 inline void configure_linear_tiles(int m) {
@@ -339,7 +342,7 @@ inline void amx_item(const Group& g, int64_t nblocks, const c10::BFloat16* x, in
 
 bool amx_usable(int64_t k) { return k % 32 == 0 && use_amx(); }
 #else
-constexpr int64_t kAmxRowBlock = kRowBlock;
+constexpr int64_t amx_row_block(int64_t) { return kRowBlock; }
 bool amx_usable(int64_t) { return false; }
 #endif
 }  // namespace
@@ -431,7 +434,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t out_fea
   // linears and the head, cold weights: 1 row 10.5-11.3 -> 9.7-10.5 ms, 16 rows 17.2-18.7
   // -> 15.4-18.0 ms, 64 rows within noise).
   const bool amx = amx_usable(k);
-  const int64_t row_block = amx ? kAmxRowBlock : kRowBlock;
+  const int64_t row_block = amx ? amx_row_block(k) : kRowBlock;
   const int64_t row_blocks = (rows + row_block - 1) / row_block;
   auto work = [&](int64_t i, int64_t next) {
     const int64_t r0 = i / groups * row_block, gi = i % groups;
