@@ -47,7 +47,7 @@ async def generate() -> Response:
     if body.request_id is not None:
         return await _resumable(state, body, arrival)
     gen = await start(state, await _submission(state, body), arrival)
-    return sse.stream_response(resume.numbered(_events(gen, body.metrics_every)))
+    return sse.stream_response(_events(gen, body.metrics_every))
 
 
 async def _submission(state: ServerState, body: GenerateRequest) -> Submission:
@@ -72,7 +72,7 @@ async def _resumable(state: ServerState, body: GenerateRequest, arrival: float) 
             raise
         if stream is None:
             nursery = cast(QuartTrio, current_app).nursery  # outlives this HTTP request
-            events = resume.numbered(_events(gen, body.metrics_every))
+            events = _events(gen, body.metrics_every)
             stream = state.resumable.open(nursery, body.request_id, key, events)
             return sse.stream_response(stream.read(after))
         gen.close()
@@ -81,49 +81,56 @@ async def _resumable(state: ServerState, body: GenerateRequest, arrival: float) 
 
 
 async def _events(gen: Generation, metrics_every: int | None) -> AsyncIterator[bytes]:
+    """The stream's events, each with its ``id:`` (its number in the stream, from 0)."""
     with gen:
         created = datetime.fromtimestamp(gen.created, UTC).isoformat()
         yield sse.event({"id": gen.request_id, "model": gen.state.model_name,
-                         "created": created}, "started")
+                         "created": created}, "started", 0)
+        seq = 1
         heartbeat_s = gen.state.config.heartbeat_s
         while True:
             try:
                 out = await gen.next(heartbeat_s)
-                frames = sse.HEARTBEAT if out is None else _frames(gen, out, metrics_every)
+                if out is None:
+                    yield sse.HEARTBEAT
+                    continue
+                events = _payloads(gen, out, metrics_every)
             except Exception:  # noqa: BLE001 - the stream must still end with one terminal
                 log.exception("stream %s failed", gen.request_id)
                 gen.fail()
                 yield sse.event({"code": "INFERENCE_FAILED", "message": "inference failed"},
-                                "error")
+                                "error", seq)
                 return
-            yield frames
+            yield b"".join(sse.event(data, name, seq + i)
+                           for i, (data, name) in enumerate(events))
+            seq += len(events)
             if gen.finished:
                 return
 
 
-def _frames(gen: Generation, out: StepOutput, metrics_every: int | None) -> bytes:
-    """The events for one output, sent together (the last one terminal if it finished)."""
-    events = []
+def _payloads(gen: Generation, out: StepOutput, metrics_every: int | None
+               ) -> list[tuple[dict[str, Any], str]]:
+    """The events (payload, name) for one output, the last one terminal if it finished."""
+    events: list[tuple[dict[str, Any], str]] = []
     if gen.new_tokens or out.text_delta:
         token: dict[str, Any] = {"i": gen.tokens - 1, "token": out.text_delta,
                                  "token_id": out.token_id}
         if gen.new_tokens > 1:
             token["count"] = gen.new_tokens
-        events.append(sse.event(token, "token"))
+        events.append((token, "token"))
     if out.trace is not None:
-        events.append(sse.event({"i": gen.tokens - 1, **out.trace}, "trace"))
+        events.append(({"i": gen.tokens - 1, **out.trace}, "trace"))
     if metrics_every and gen.new_tokens and _crossed(gen, metrics_every):
-        events.append(sse.event(_metrics(gen), "metrics"))
+        events.append((_metrics(gen), "metrics"))
     if out.finished:
         end = outcome(out)
         if end.code is None:
-            events.append(sse.event({"finish_reason": end.finish_reason, "usage": gen.usage()},
-                                    "done"))
+            events.append(({"finish_reason": end.finish_reason, "usage": gen.usage()}, "done"))
         else:
             error = {"code": end.code, "message": end.message,
                      "retryable": end.code in RETRYABLE, "usage": gen.usage()}
-            events.append(sse.event(error, "error"))
-    return b"".join(events)
+            events.append((error, "error"))
+    return events
 
 
 def _crossed(gen: Generation, every: int) -> bool:

@@ -25,32 +25,6 @@ from infer.server import sse
 from infer.server.errors import APIError
 
 
-def number_events(blob: bytes, first: int) -> list[bytes]:
-    """Split framed events and give each an ``id:`` line (comments, i.e. heartbeats, get none).
-
-    Args:
-        blob: One or more events as :mod:`infer.server.sse` frames them.
-        first: The id of the first event.
-
-    Returns:
-        The events, each with its id, in order (comments left out).
-    """
-    events: list[bytes] = []
-    for block in blob.split(b"\n\n")[:-1]:
-        if block and not block.startswith(b":"):
-            events.append(b"id: %d\n%s\n\n" % (first + len(events), block))
-    return events
-
-
-async def numbered(source: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    """A native event stream with an ``id:`` on every event (heartbeats pass as they are)."""
-    count = 0
-    async for blob in source:
-        events = number_events(blob, count)
-        count += len(events)
-        yield b"".join(events) if events else blob
-
-
 def fingerprint(body: Any) -> str:
     """What makes two POSTs with one ``request_id`` the same request: the validated body."""
     dumped = json.dumps(body.model_dump(mode="json"), sort_keys=True, default=str)
@@ -88,10 +62,13 @@ class ResumableStream:
         self._changed = trio.Event()
 
     async def produce(self, source: AsyncIterator[bytes]) -> None:
-        """Read the generation's events into the log (cancelled: the request is aborted)."""
+        """Read the generation's events into the log (cancelled: the request is aborted).
+
+        The source numbers its events from 0, so an event's place in the log is its id.
+        """
         with self.producer:
             async for blob in source:
-                self.events += number_events(blob, len(self.events))
+                self.events += sse.split(blob)
                 self._notify()
         self.finished = True
         self._notify()
@@ -166,7 +143,7 @@ class ResumeRegistry:
 
     def open(self, nursery: trio.Nursery, request_id: str, key: str,
              source: AsyncIterator[bytes]) -> ResumableStream:
-        """Start producing ``source`` (the numbered event stream) under ``request_id``."""
+        """Start producing ``source`` (the native event stream, ids from 0) under ``request_id``."""
         stream = ResumableStream(request_id, key, self.window_s, self.heartbeat_s)
         self._streams[request_id] = stream
         nursery.start_soon(self._run, stream, source)

@@ -26,18 +26,27 @@ def dumps(data: Any) -> str:
     return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
 
 
-def event(data: Any, name: str | None = None) -> bytes:
+def event(data: Any, name: str | None = None, seq: int | None = None) -> bytes:
     """One SSE event.
 
     Args:
         data: JSON-serializable payload.
         name: The ``event:`` field; ``None`` leaves it out (OpenAI chunks).
+        seq: The ``id:`` field (a native stream's event number); ``None`` leaves it out.
 
     Returns:
         The event's bytes, blank line included.
     """
     head = f"event: {name}\n" if name else ""
+    if seq is not None:
+        head = f"id: {seq}\n{head}"
     return f"{head}data: {dumps(data)}\n\n".encode()
+
+
+def split(blob: bytes) -> list[bytes]:
+    """The events of a run of framed ones, each with its blank line (comments left out)."""
+    return [block + b"\n\n" for block in blob.split(b"\n\n")[:-1]
+            if block and not block.startswith(b":")]
 
 
 def stream_response(body: AsyncIterator[bytes]) -> Response:

@@ -153,7 +153,7 @@ async def test_a_server_error_in_a_stream_is_not_a_client_disconnect(tiny_app, m
     def broken(*args: Any) -> bytes:
         raise RuntimeError("a bug while framing events")
 
-    monkeypatch.setattr(events, "_frames", broken)
+    monkeypatch.setattr(events, "_payloads", broken)
     monkeypatch.setattr(openai, "_chunk_frames", broken)
     app = tiny_app()
     async with running_server(app) as server, httpx.AsyncClient(

@@ -53,11 +53,17 @@ async def read_all(client: httpx.AsyncClient, payload: dict,
 
 
 async def test_every_native_event_has_a_sequence_id(tiny_app) -> None:
-    async with running_server(tiny_app()) as server, httpx.AsyncClient(
+    async with running_server(tiny_app(resume_window_s=120)) as server, httpx.AsyncClient(
             base_url=server.url, timeout=120) as client:
-        events = await read_all(client, body(6, metrics_every=2))
-    ids = [e.id for e in events if e.comment is None]
-    assert ids == [str(i) for i in range(len(ids))] and len(ids) >= 8
+        plain = await client.post("/v1/generate", json=body(6, metrics_every=2))
+        resumable = await client.post("/v1/generate",
+                                      json=body(6, metrics_every=2, request_id="job-0"))
+    for r in (plain, resumable):
+        events = [e for e in parse_sse(r.text) if e.comment is None]
+        ids = [e.id for e in events]
+        assert ids == [str(i) for i in range(len(ids))] and len(ids) >= 8
+        lines = r.text.splitlines()
+        assert sum(line.startswith("id:") for line in lines) == len(events)  # one id each
 
 
 async def test_a_reconnect_resumes_where_the_client_left(tiny_app) -> None:

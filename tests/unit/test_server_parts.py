@@ -97,12 +97,14 @@ def test_histogram_and_metrics_text() -> None:
 
 
 def test_sse_framing_round_trips() -> None:
-    body = (sse.event({"t": "a\nb 😀"}, "token") + sse.HEARTBEAT + sse.event({"x": 1})
-            + sse.DONE).decode()
-    events = parse_sse(body)
-    assert [(e.event, e.comment) for e in events] == [("token", None), (None, "keep-alive"),
-                                                       (None, None), (None, None)]
+    blob = (sse.event({"t": "a\nb 😀"}, "token", 7) + sse.HEARTBEAT + sse.event({"x": 1})
+            + sse.DONE)
+    events = parse_sse(blob.decode())
+    assert [(e.event, e.comment, e.id) for e in events] == [
+        ("token", None, "7"), (None, "keep-alive", None), (None, None, None), (None, None, None)]
     assert events[0].json() == {"t": "a\nb 😀"} and events[-1].data == "[DONE]"
+    assert sse.split(blob) == [sse.event({"t": "a\nb 😀"}, "token", 7), sse.event({"x": 1}),
+                               sse.DONE]  # the log of a resumable stream: no heartbeats
 
 
 def test_malloc_arenas_are_capped_unless_the_environment_says(monkeypatch) -> None:
@@ -116,12 +118,12 @@ def test_malloc_arenas_are_capped_unless_the_environment_says(monkeypatch) -> No
 
 async def test_a_resume_reader_never_skips_events_appended_while_it_sends() -> None:
     """Events logged while the reader is suspended sending its last batch come next."""
-    from infer.server.resume import ResumableStream, number_events
+    from infer.server.resume import ResumableStream
 
     stream = ResumableStream("job", "key", window_s=10, heartbeat_s=10)
 
     def log(i: int) -> None:
-        stream.events += number_events(sse.event({"i": i}, "token"), len(stream.events))
+        stream.events += sse.split(sse.event({"i": i}, "token", i) + sse.HEARTBEAT)
 
     log(0)
     reader = stream.read(-1)
