@@ -7,8 +7,9 @@
 // own keys, so a prompt and its cached prefix are read alike. The cache keeps keys as
 // [D/2, 16, 2] per block and head and values as [8, D, 2] (see PagedKVCache): the operand
 // layouts of VDPBF16PS, with keys as output columns. Each work item, a (span, query head,
-// block of 16 queries), computes its score rows with 16 register accumulators, an exact
-// softmax per row in float, and P.V with P rounded to bf16, as torch's flash kernel also does.
+// block of 16 queries), computes its score rows with 16 register accumulators, then
+// P = e^(s - max) per row, rounded to bf16, and P.V divided by the row's float sum of P, as
+// torch's flash kernel also does.
 // Items of every span share one parallel region, longest first, taken one at a time.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -35,13 +36,14 @@ struct Geometry {
   int64_t block_elems, dim, heads, groups;
 };
 
-// out[i][c0 .. c0 + 64) = P[i] . V over the key pairs of blocks [b0, b1) up to position
-// `last`, for R query rows. The pair holding `last` and `last + 1` (when last is even) keeps
-// only last's half: position last + 1 may hold a stale value, and 0 * NaN is NaN.
+// out[i][c0 .. c0 + 64) = P[i] . V / sum[i] over the key pairs of blocks [b0, b1) up to
+// position `last`, for R query rows (P unnormalized; inv_sum[i] = 1 / sum[i]). The pair
+// holding `last` and `last + 1` (when last is even) keeps only last's half: position last + 1
+// may hold a stale value, and 0 * NaN is NaN.
 template <int R>
 inline void pv_tile(const Geometry& g, int64_t h, const int32_t* table, const uint16_t* probs,
-                    int64_t ldp, int64_t b0, int64_t b1, int64_t last, int64_t c0,
-                    uint16_t* out, int64_t ldo) {
+                    int64_t ldp, const float* inv_sum, int64_t b0, int64_t b1, int64_t last,
+                    int64_t c0, uint16_t* out, int64_t ldo) {
   __m512 acc[R][4];
   for (int i = 0; i < R; ++i)
     for (int c = 0; c < 4; ++c) acc[i][c] = _mm512_setzero_ps();
@@ -62,24 +64,17 @@ inline void pv_tile(const Geometry& g, int64_t h, const int32_t* table, const ui
       }
     }
   }
-  for (int i = 0; i < R; ++i)
+  for (int i = 0; i < R; ++i) {
+    const __m512 inv = _mm512_set1_ps(inv_sum[i]);
     for (int c = 0; c < 4; ++c)
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i * ldo + c0 + c * 16),
-                          (__m256i)_mm512_cvtneps_pbh(acc[i][c]));
+                          (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(acc[i][c], inv)));
+  }
 }
 
 struct Item {
   int64_t span, head, r0, cost;
 };
-
-#ifdef INFER_AMX
-// The same item with AMX tiles (Intel since Sapphire Rapids). The caches' layouts are the
-// tiles' too: a key block's [D/2, 16, 2] is a 16-key operand per 32 dims of the query rows,
-// and a value block's [8, D, 2] an 8-pair operand per 16 output columns. Scores for a key
-// block are one 16 x 16 tile; P = e^(s - max), unnormalized, in bf16; P.V runs 64 output
-// columns at a time in four accumulator tiles, each block's P a 16-key operand, and divides by
-// the row's sum at the end. The last block's values past the item's last query are
-// zeroed in a copy (P is 0 there, but 0 * NaN is NaN).
 
 // e^x for x <= 0 as P needs it: rounded to bf16 right after, so 2^t, t = x log2(e), is its
 // nearest integer (applied by scalef, which also takes very negative t to 0) times a degree-4
@@ -114,6 +109,15 @@ inline float exp_row(const float* x, uint16_t* p, int64_t begin, int64_t lo, int
   std::memset(p + hi, 0, (end - hi) * sizeof(uint16_t));
   return _mm512_reduce_add_ps(sum);
 }
+
+#ifdef INFER_AMX
+// The same item with AMX tiles (Intel since Sapphire Rapids). The caches' layouts are the
+// tiles' too: a key block's [D/2, 16, 2] is a 16-key operand per 32 dims of the query rows,
+// and a value block's [8, D, 2] an 8-pair operand per 16 output columns. Scores for a key
+// block are one 16 x 16 tile; P = e^(s - max), unnormalized, in bf16; P.V runs 64 output
+// columns at a time in four accumulator tiles, each block's P a 16-key operand, and divides by
+// the row's sum at the end. The last block's values past the item's last query are
+// zeroed in a copy (P is 0 there, but 0 * NaN is NaN).
 
 struct AmxItem {
   const uint16_t* q;  // the item's first query row, this head
@@ -312,28 +316,32 @@ void paged_prefill_attention(const at::Tensor& q, const at::Tensor& k_cache,
             acc[r] = _mm512_dpbf16_ps(acc[r], kvec, (__m512bh)_mm512_set1_epi32(qrow[r][p]));
         }
         for (int64_t r = 0; r < kQ; ++r)
-          _mm512_storeu_ps(scores.data() + r * width + b * kQ,
-                           _mm512_mul_ps(acc[r], _mm512_set1_ps(fscale)));
+          _mm512_storeu_ps(scores.data() + r * width + b * kQ, acc[r]);
       }
-      // Exact softmax per row over its own keys; P in bf16, zero outside them.
+      // P = e^((s - max) scale) in bf16 over each row's own keys, zero outside them, in one
+      // pass; P.V divides by the row's sum (three passes of an exact softmax, fast_exp's
+      // polynomial and a normalized P: a 1024-token prompt's 30 layers 69-70 -> 59 ms on a Zen 5).
       const int64_t k0 = b0 * kQ, k1 = b1 * kQ;
+      float inv_sum[kQ];
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t pos = start + r0 + r;
         const int64_t first = window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
-        softmax_bf16(scores.data() + r * width, probs.data() + r * width, k0, first, pos + 1,
-                     k1);
+        inv_sum[r] = 1.f / exp_row(scores.data() + r * width, probs.data() + r * width, k0,
+                                   first, pos + 1, k1, fscale);
       }
       // P.V: 4 rows x 64 columns of accumulators at a time.
       for (int64_t r = 0; r < rows; r += 4) {
         const int64_t nr = std::min<int64_t>(4, rows - r);
         const uint16_t* pr = probs.data() + r * width;
         uint16_t* orow = od + ((offset + r0 + r) * heads + hq) * dim;
+        const float* inv = inv_sum + r;
+        const int64_t ldo = heads * dim;
         for (int64_t c0 = 0; c0 < dim; c0 += 64) {
           switch (nr) {
-            case 4: pv_tile<4>(g, h, table, pr, width, b0, b1, last, c0, orow, heads * dim); break;
-            case 3: pv_tile<3>(g, h, table, pr, width, b0, b1, last, c0, orow, heads * dim); break;
-            case 2: pv_tile<2>(g, h, table, pr, width, b0, b1, last, c0, orow, heads * dim); break;
-            default: pv_tile<1>(g, h, table, pr, width, b0, b1, last, c0, orow, heads * dim); break;
+            case 4: pv_tile<4>(g, h, table, pr, width, inv, b0, b1, last, c0, orow, ldo); break;
+            case 3: pv_tile<3>(g, h, table, pr, width, inv, b0, b1, last, c0, orow, ldo); break;
+            case 2: pv_tile<2>(g, h, table, pr, width, inv, b0, b1, last, c0, orow, ldo); break;
+            default: pv_tile<1>(g, h, table, pr, width, inv, b0, b1, last, c0, orow, ldo); break;
           }
         }
       }
