@@ -72,6 +72,31 @@ inline void pv_tile(const Geometry& g, int64_t h, const int32_t* table, const ui
   }
 }
 
+// Scores of 8 query rows (qrow: their q, as bf16 pairs) against key blocks [b, b + NB), unscaled,
+// into scores[i][b * 16 ...]. Each key load feeds 8 products and each broadcast of q NB: with
+// 16 rows x 1 block a broadcast fed one, and the loop ran at 79% of VDPBF16PS's peak (8 x 2,
+// one core, operands in L1: 99%).
+template <int NB>
+inline void score_tile(const Geometry& g, int64_t h, const int32_t* table,
+                       const int32_t* const* qrow, int64_t pairs, int64_t b, float* scores,
+                       int64_t width) {
+  __m512 acc[8][NB];
+  const uint16_t* kb[NB];
+  for (int j = 0; j < NB; ++j) kb[j] = g.k_cache + table[b + j] * g.block_elems + h * g.dim * kQ;
+  for (int i = 0; i < 8; ++i)
+    for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < pairs; ++p) {
+    __m512bh kv[NB];
+    for (int j = 0; j < NB; ++j) kv[j] = (__m512bh)_mm512_loadu_si512(kb[j] + p * kQ * 2);
+    for (int i = 0; i < 8; ++i) {
+      const __m512bh qb = (__m512bh)_mm512_set1_epi32(qrow[i][p]);
+      for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], kv[j], qb);
+    }
+  }
+  for (int i = 0; i < 8; ++i)
+    for (int j = 0; j < NB; ++j) _mm512_storeu_ps(scores + i * width + (b + j) * kQ, acc[i][j]);
+}
+
 struct Item {
   int64_t span, head, r0, cost;
 };
@@ -305,18 +330,18 @@ void paged_prefill_attention(const at::Tensor& q, const at::Tensor& k_cache,
         const int64_t row = offset + r0 + std::min(r, rows - 1);
         qrow[r] = reinterpret_cast<const int32_t*>(qd + row * q.stride(0) + hq * dim);
       }
-      // Scores: one accumulator per query row, 16 keys wide.
-      for (int64_t b = b0; b < b1; ++b) {
-        __m512 acc[kQ];
-        for (int64_t r = 0; r < kQ; ++r) acc[r] = _mm512_setzero_ps();
-        const uint16_t* kb = g.k_cache + table[b] * g.block_elems + h * dim * kQ;
-        for (int64_t p = 0; p < pairs; ++p) {
-          const __m512bh kvec = (__m512bh)_mm512_loadu_si512(kb + p * kQ * 2);
-          for (int64_t r = 0; r < kQ; ++r)
-            acc[r] = _mm512_dpbf16_ps(acc[r], kvec, (__m512bh)_mm512_set1_epi32(qrow[r][p]));
-        }
-        for (int64_t r = 0; r < kQ; ++r)
-          _mm512_storeu_ps(scores.data() + r * width + b * kQ, acc[r]);
+      // Scores: 8 query rows x 2 key blocks of accumulators at a time, both halves of the
+      // rows while the blocks are in L1.
+      float* const rows_lo = scores.data();
+      float* const rows_hi = scores.data() + 8 * width;
+      int64_t b = b0;
+      for (; b + 2 <= b1; b += 2) {
+        score_tile<2>(g, h, table, qrow, pairs, b, rows_lo, width);
+        score_tile<2>(g, h, table, qrow + 8, pairs, b, rows_hi, width);
+      }
+      if (b < b1) {
+        score_tile<1>(g, h, table, qrow, pairs, b, rows_lo, width);
+        score_tile<1>(g, h, table, qrow + 8, pairs, b, rows_hi, width);
       }
       // P = e^((s - max) scale) in bf16 over each row's own keys, zero outside them, in one
       // pass; P.V divides by the row's sum (three passes of an exact softmax, fast_exp's
