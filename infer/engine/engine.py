@@ -149,6 +149,10 @@ class Engine:
     def has_work(self) -> bool:
         return self.scheduler.has_work() or bool(self._aborts)
 
+    def has_prompts(self) -> bool:
+        """Whether the next step has prompt tokens to prefill (a prompt waits or is part-way)."""
+        return self.scheduler.has_prompts()
+
     @property
     def num_running(self) -> int:
         return len(self.scheduler.running)

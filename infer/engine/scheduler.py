@@ -78,6 +78,10 @@ class Scheduler(ABC):
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def has_prompts(self) -> bool:
+        """Whether a prompt waits or is part-way through its prefill."""
+        return bool(self.waiting) or any(r.status == RequestStatus.PREFILL for r in self.running)
+
     def find(self, request_id: str) -> Request | None:
         for req in (*self.running, *self.waiting):
             if req.request_id == request_id:

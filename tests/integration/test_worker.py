@@ -188,3 +188,23 @@ async def test_a_request_the_engine_refuses_ends_invalid_request(tiny_model,
         nursery.cancel_scope.cancel()
     assert len(outs) == 1 and outs[0].finished and outs[0].error_code == "INVALID_REQUEST"
     assert worker._streams == {}
+
+
+async def test_an_event_loop_that_never_idles_does_not_stall_the_engine(tiny_model,
+                                                                        default_tokenizer) -> None:
+    """After a decode step the engine waits for the event loop to write its tokens, but only
+    for so long: a task that is always runnable must not hold the next step back for good."""
+    worker = _worker(tiny_model, default_tokenizer)
+
+    async def busy() -> None:
+        while True:
+            await trio.sleep(0)
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(worker.run)
+        nursery.start_soon(busy)
+        with trio.fail_after(60):
+            outs = await _collect(worker.submit([1, 2, 3], _params(24)))
+        nursery.cancel_scope.cancel()
+    assert outs[-1].finish_reason == "length"
+    assert sum(o.token_id is not None for o in outs) == 24
