@@ -6,12 +6,13 @@ and takes back what arrived meanwhile (new requests, aborts); then the thread ru
 step. When the engine is idle the thread blocks in a second hop until something arrives.
 
 After a step that only decoded, the hop also waits (at most half a step) until the event
-loop has written those tokens out before the next step starts. Run side by side, the two
-contend for the same cores: the engine's OpenMP threads wait at every barrier for the one
-the event loop displaced. Served 64 chat streams on 2 cores (alternated three times):
-1442-1525 -> 1528-1574 tok/s, ITL p50 35.6-37.9 -> 34.4-35.9 ms. While prompts wait to be
-prefilled the engine does not wait: then the event loop is busy taking requests, and their
-first tokens come first.
+loop has written those tokens out, or until a request arrives, before the next step starts.
+Run side by side, the two contend for the same cores: the engine's OpenMP threads wait at
+every barrier for the one the event loop displaced. Served 64 chat streams on 2 cores,
+alternated: 1442-1525 -> 1528-1574 tok/s, ITL p50 35.6-37.9 -> 34.4-35.9 ms (five pairs);
+1502-1536 -> 1560-1602 tok/s (three pairs, with the early end on a request). While prompts
+wait to be prefilled the engine does not wait: then the event loop is busy taking requests,
+and their first tokens come first.
 
 Request tasks never touch the engine: they ``submit`` (non-blocking, refused at once when the
 bounded queue is full) and iterate their :class:`RequestHandle`. A slow reader never stalls the
@@ -25,6 +26,7 @@ import logging
 import math
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -259,13 +261,21 @@ class EngineWorker:
 
     async def _exchange_settled(self, outputs: list[StepOutput], wait_s: float
                                 ) -> tuple[list[_Submission], list[str]] | None:
-        """:meth:`_exchange`, then let the event loop write what it was given: return once
-        every task is blocked or after ``wait_s``. Shielded: a cancellation waits for it."""
-        exchanged = self._exchange(outputs)
-        if exchanged is not None:
-            with trio.CancelScope(deadline=trio.current_time() + wait_s, shield=True):
-                await wait_all_tasks_blocked()
-        return exchanged
+        """:meth:`_exchange`, letting the event loop write the outputs first: deliver them,
+        wait until every task is blocked, a request or an abort arrives, or ``wait_s`` has
+        passed (shielded: a cancellation waits for it), then take what arrived."""
+        self._activity = trio.Event()
+        for out in outputs:
+            self._deliver(out)
+        with trio.CancelScope(deadline=trio.current_time() + wait_s, shield=True):
+            async with trio.open_nursery() as nursery:
+                async def first(wait: Callable[[], Awaitable[object]]) -> None:
+                    await wait()
+                    nursery.cancel_scope.cancel()
+
+                nursery.start_soon(first, wait_all_tasks_blocked)
+                nursery.start_soon(first, self._activity.wait)
+        return self._exchange([])
 
     def _exchange(self, outputs: list[StepOutput]
                   ) -> tuple[list[_Submission], list[str]] | None:
