@@ -5,14 +5,17 @@ One trio worker thread runs the synchronous :class:`Engine`. Each loop iteration
 and takes back what arrived meanwhile (new requests, aborts); then the thread runs the next
 step. When the engine is idle the thread blocks in a second hop until something arrives.
 
-After a step that only decoded, the hop also waits (at most half a step) until the event
-loop has written those tokens out, or until a request arrives, before the next step starts.
-Run side by side, the two contend for the same cores: the engine's OpenMP threads wait at
-every barrier for the one the event loop displaced. Served 64 chat streams on 2 cores,
-alternated: 1442-1525 -> 1528-1574 tok/s, ITL p50 35.6-37.9 -> 34.4-35.9 ms (five pairs);
-1502-1536 -> 1560-1602 tok/s (three pairs, with the early end on a request). While prompts
-wait to be prefilled the engine does not wait: then the event loop is busy taking requests,
-and their first tokens come first.
+After a step that only decoded many rows, the hop also waits (at most half a step) until the
+event loop has written those tokens out, or until a request arrives, before the next step
+starts. Run side by side, the two contend for the same cores: the engine's OpenMP threads
+wait at every barrier for the one the event loop displaced. Served 64 chat streams on 2
+cores, alternated: 1442-1525 -> 1528-1574 tok/s, ITL p50 35.6-37.9 -> 34.4-35.9 ms (five
+pairs); 1502-1536 -> 1560-1602 tok/s (three pairs). A short burst of writes costs less than
+the wait: it fits beside the engine's own single-threaded part of a step. Waiting after every
+decode step made one stream 0.2 ms per token slower (7.33-7.41 -> 7.57-7.61 ms) and W2's 16
+streams 3-5% slower (374-403 -> 365-384 tok/s), hence SETTLE_MIN_OUTPUTS. While prompts wait
+to be prefilled the engine does not wait: then the event loop is busy taking requests, and
+their first tokens come first.
 
 Request tasks never touch the engine: they ``submit`` (non-blocking, refused at once when the
 bounded queue is full) and iterate their :class:`RequestHandle`. A slow reader never stalls the
@@ -26,7 +29,6 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -38,6 +40,10 @@ from infer.engine.request import StepOutput, TraceSpec
 from infer.engine.sampler import SamplingParams
 
 log = logging.getLogger("infer.server")
+
+# Outputs of a decode step after which the engine lets the event loop write them before
+# stepping again (see the module docstring): helps at 64 streams, hurts at 1 and 16.
+SETTLE_MIN_OUTPUTS = 32
 
 
 class WorkerStoppedError(Exception):
@@ -120,6 +126,7 @@ class EngineWorker:
         self._streams: dict[str, _Stream] = {}
         self._aborts: list[str] = []
         self._activity = trio.Event()
+        self._settling: trio.CancelScope | None = None  # the wait of _exchange_settled
         self._in_transit = 0  # taken from the channel, not yet in the engine's queue
         self.ready = False
         self.failed = False  # the engine loop itself raised; every stream was ended
@@ -164,7 +171,7 @@ class EngineWorker:
         send, receive = trio.open_memory_channel[StepOutput](self.output_buffer)
         deadline = trio.current_time() + timeout_s if timeout_s is not None else math.inf
         stream = self._streams[request_id] = _Stream(send, len(prompt_ids), deadline)
-        self._activity.set()
+        self._wake()
         return RequestHandle(self, request_id, stream, receive)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -207,7 +214,7 @@ class EngineWorker:
         step_s = 0.0
         with torch.inference_mode():
             while not _cancelled() and self._wait_for_work(outputs):
-                if outputs and not self.engine.has_prompts():
+                if len(outputs) >= SETTLE_MIN_OUTPUTS and not self.engine.has_prompts():
                     exchanged = trio.from_thread.run(self._exchange_settled, outputs, step_s / 2)
                 else:
                     exchanged = trio.from_thread.run_sync(self._exchange, outputs)
@@ -262,20 +269,23 @@ class EngineWorker:
     async def _exchange_settled(self, outputs: list[StepOutput], wait_s: float
                                 ) -> tuple[list[_Submission], list[str]] | None:
         """:meth:`_exchange`, letting the event loop write the outputs first: deliver them,
-        wait until every task is blocked, a request or an abort arrives, or ``wait_s`` has
-        passed (shielded: a cancellation waits for it), then take what arrived."""
+        wait until every task is blocked, a request or an abort arrives (:meth:`_wake`), or
+        ``wait_s`` has passed (shielded: a cancellation waits for it), then take what
+        arrived."""
         self._activity = trio.Event()
         for out in outputs:
             self._deliver(out)
-        with trio.CancelScope(deadline=trio.current_time() + wait_s, shield=True):
-            async with trio.open_nursery() as nursery:
-                async def first(wait: Callable[[], Awaitable[object]]) -> None:
-                    await wait()
-                    nursery.cancel_scope.cancel()
-
-                nursery.start_soon(first, wait_all_tasks_blocked)
-                nursery.start_soon(first, self._activity.wait)
+        with trio.CancelScope(deadline=trio.current_time() + wait_s, shield=True) as scope:
+            self._settling = scope
+            await wait_all_tasks_blocked()
+        self._settling = None
         return self._exchange([])
+
+    def _wake(self) -> None:
+        """A request or an abort arrived: wake an idle engine, end a settling wait."""
+        self._activity.set()
+        if self._settling is not None:
+            self._settling.cancel()
 
     def _exchange(self, outputs: list[StepOutput]
                   ) -> tuple[list[_Submission], list[str]] | None:
@@ -353,7 +363,7 @@ class EngineWorker:
         if stream is not None and not stream.closed:
             stream.closed = True
             self._aborts.append(request_id)
-            self._activity.set()
+            self._wake()
 
 
 def _cancelled() -> bool:

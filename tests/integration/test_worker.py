@@ -11,6 +11,7 @@ from infer.engine.config import EngineConfig
 from infer.engine.engine import Engine, QueueFullError
 from infer.engine.request import StepOutput, TraceSpec
 from infer.engine.sampler import SamplingParams
+from infer.server import worker as worker_module
 from infer.server.config import ServerConfig
 from infer.server.worker import EngineWorker, WorkerStoppedError
 
@@ -190,10 +191,11 @@ async def test_a_request_the_engine_refuses_ends_invalid_request(tiny_model,
     assert worker._streams == {}
 
 
-async def test_an_event_loop_that_never_idles_does_not_stall_the_engine(tiny_model,
-                                                                        default_tokenizer) -> None:
+async def test_an_event_loop_that_never_idles_does_not_stall_the_engine(
+        tiny_model, default_tokenizer, monkeypatch: pytest.MonkeyPatch) -> None:
     """After a decode step the engine waits for the event loop to write its tokens, but only
     for so long: a task that is always runnable must not hold the next step back for good."""
+    monkeypatch.setattr(worker_module, "SETTLE_MIN_OUTPUTS", 1)  # settle after every step
     worker = _worker(tiny_model, default_tokenizer)
 
     async def busy() -> None:
