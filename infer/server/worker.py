@@ -12,10 +12,10 @@ wait at every barrier for the one the event loop displaced. Served 64 chat strea
 cores, alternated: 1442-1525 -> 1528-1574 tok/s, ITL p50 35.6-37.9 -> 34.4-35.9 ms (five
 pairs); 1502-1536 -> 1560-1602 tok/s (three pairs). A short burst of writes costs less than
 the wait: it fits beside the engine's own single-threaded part of a step. Waiting after every
-decode step made one stream 0.2 ms per token slower (7.33-7.41 -> 7.57-7.61 ms) and W2's 16
-streams 3-5% slower (374-403 -> 365-384 tok/s), hence SETTLE_MIN_OUTPUTS. While prompts wait
-to be prefilled the engine does not wait: then the event loop is busy taking requests, and
-their first tokens come first.
+decode step made one stream ~0.2 ms per token slower in three of four alternated pairs
+(7.33-7.41 -> 7.57-7.61 ms) and W2's 16 streams 3-5% slower (374-403 -> 365-384 tok/s),
+hence SETTLE_MIN_OUTPUTS. While prompts wait to be prefilled the engine does not wait: then
+the event loop is busy taking requests, and their first tokens come first.
 
 Request tasks never touch the engine: they ``submit`` (non-blocking, refused at once when the
 bounded queue is full) and iterate their :class:`RequestHandle`. A slow reader never stalls the
