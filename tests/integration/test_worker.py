@@ -22,6 +22,15 @@ def _worker(model, tokenizer, **kw) -> EngineWorker:
     return EngineWorker(Engine.from_components(config, model, tokenizer, []), **wkw)
 
 
+@pytest.fixture(autouse=True, params=["settle-default", "settle-every-step"])
+def _settle(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test runs twice: the engine letting the event loop write a step's outputs first
+    only after large steps (the default, which these small batches never reach), and after
+    every decode step, so aborts, slow readers and shutdown also meet that wait."""
+    if request.param == "settle-every-step":
+        monkeypatch.setattr(worker_module, "SETTLE_MIN_OUTPUTS", 1)
+
+
 def _params(n: int = 16) -> SamplingParams:
     return SamplingParams(max_new_tokens=n, temperature=0.0, ignore_eos=True)
 
