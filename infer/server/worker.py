@@ -272,7 +272,6 @@ class EngineWorker:
         wait until every task is blocked, a request or an abort arrives (:meth:`_wake`), or
         ``wait_s`` has passed (shielded: a cancellation waits for it), then take what
         arrived."""
-        self._activity = trio.Event()
         for out in outputs:
             self._deliver(out)
         with trio.CancelScope(deadline=trio.current_time() + wait_s, shield=True) as scope:
