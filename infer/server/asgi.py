@@ -18,7 +18,9 @@ So before the last ``send`` of such a response, the wrapper waits (bounded in by
 for the rest of the body, which Quart's own receiver reads and throws away; then the
 connection is recycled normally. A body that goes on past the bound, or a client that stalls
 mid-body, gets ``Connection: close`` instead. The last ``send`` is shielded from the
-cancellation either way, so Hypercorn always finishes what it does at the end of a response.
+cancellation either way, so Hypercorn always finishes what it does at the end of a response;
+for at most ``DISCARD_WAIT_S``: on an HTTP/2 connection that has closed, the last send waits
+for a send task that no longer runs, and only a cancellation ends it.
 """
 
 from __future__ import annotations
@@ -123,7 +125,8 @@ class _Exchange:
                 await self._body_done.wait()
         await self._flush_start(close=last and not self._complete)
         if last:
-            with trio.CancelScope(shield=True):  # see the module docstring
+            # Shielded, but bounded: see the module docstring.
+            with trio.CancelScope(shield=True, deadline=trio.current_time() + self._wait_s):
                 await self._send(message)
         else:
             await self._send(message)

@@ -1,4 +1,10 @@
-"""Run the server in this process: Hypercorn's trio worker, drained on SIGINT or SIGTERM."""
+"""Run the server in this process: Hypercorn's trio worker, drained on SIGINT or SIGTERM.
+
+:func:`serve` is ``hypercorn.trio.serve`` with each connection contained: whatever one
+connection raises is logged and ends that connection alone (Hypercorn's own worker lets it
+end the whole process), and Hypercorn's close no longer races its own sends (see
+:class:`Connection`).
+"""
 
 from __future__ import annotations
 
@@ -8,10 +14,16 @@ import os
 import signal
 import threading
 from collections.abc import Awaitable, Callable
+from functools import partial
+from typing import Any
 
 import trio
 from hypercorn.config import Config as HypercornConfig
-from hypercorn.trio import serve as hypercorn_serve
+from hypercorn.trio.lifespan import Lifespan
+from hypercorn.trio.tcp_server import TCPServer
+from hypercorn.trio.worker_context import WorkerContext
+from hypercorn.typing import ConnectionState
+from hypercorn.utils import repr_socket_addr, wrap_app
 from quart_trio import QuartTrio
 
 from infer.engine.config import EngineConfig
@@ -140,9 +152,103 @@ async def serve_app(app: QuartTrio, hyper: HypercornConfig,
         if state.failed.is_set():
             log.error("the engine failed; shutting down")
 
-    await hypercorn_serve(app, hyper, shutdown_trigger=shutdown_trigger(app, signal_or_failure),
-                          task_status=task_status)
+    await serve(app, hyper, shutdown_trigger=shutdown_trigger(app, signal_or_failure),
+                task_status=task_status)
     return 1 if state.failed.is_set() else 0
+
+
+async def serve(
+    app: QuartTrio,
+    hyper: HypercornConfig,
+    shutdown_trigger: Callable[[], Awaitable[object]],
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve ``app`` on plain TCP until ``shutdown_trigger`` returns (``hypercorn.trio.serve``
+    with every connection a :class:`Connection`).
+
+    Then no new connection is taken, open ones get ``hyper.graceful_timeout`` to finish, and
+    the app's lifespan ends.
+
+    Args:
+        app: The ASGI app.
+        hyper: Hypercorn settings (its ``bind``, timeouts, logs; no TLS).
+        shutdown_trigger: Returns when the server should stop.
+        task_status: Receives the bound URLs once listening.
+    """
+    if hyper.ssl_enabled:
+        raise ValueError("TLS is not served here: put a proxy that terminates TLS in front")
+    asgi = wrap_app(app, hyper.wsgi_max_body_size, "asgi")
+    lifespan_state: dict[str, object] = {}
+    lifespan = Lifespan(asgi, hyper, lifespan_state)
+    context = WorkerContext(None)
+    async with trio.open_nursery() as lifespan_nursery:
+        await lifespan_nursery.start(lifespan.handle_lifespan)
+        await lifespan.wait_for_startup()
+        async with trio.open_nursery() as connections:
+            sockets = hyper.create_sockets().insecure_sockets
+            listeners = []
+            for sock in sockets:
+                sock.listen(hyper.backlog)
+                listeners.append(trio.SocketListener(trio.socket.from_stdlib_socket(sock)))
+            binds = [f"http://{repr_socket_addr(s.family, s.getsockname())}" for s in sockets]
+            for bind in binds:
+                await hyper.log.info(f"Running on {bind} (CTRL + C to quit)")
+            handler = partial(_serve_connection, asgi, hyper, context, lifespan_state)
+            task_status.started(binds)
+            try:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(partial(trio.serve_listeners, handler, listeners,
+                                               handler_nursery=connections))
+                    await shutdown_trigger()
+                    nursery.cancel_scope.cancel()  # stop accepting
+            finally:
+                await context.terminated.set()
+                connections.cancel_scope.deadline = trio.current_time() + hyper.graceful_timeout
+        await lifespan.wait_for_shutdown()
+        lifespan_nursery.cancel_scope.cancel()
+
+
+async def _serve_connection(app: Any, hyper: HypercornConfig, context: WorkerContext,
+                            lifespan_state: dict[str, object], stream: trio.SocketStream) -> None:
+    # Hypercorn annotates the stream as TLS, and takes a plain one as its own worker does.
+    await Connection(app, hyper, context, ConnectionState(lifespan_state.copy()),
+                     stream).run()  # type: ignore[arg-type]
+
+
+class Connection(TCPServer):
+    """Hypercorn's trio connection, contained: what it raises ends this connection only.
+
+    It also removes a race in Hypercorn 0.18: ``TCPServer._close`` half-closes the socket
+    outside the send lock, and trio's ``send_eof`` checkpoints while it holds the stream's
+    send side; a task that starts sending in that instant (an h2 connection's send task,
+    when the client sends GOAWAY mid-stream) gets ``BusyResourceError``, which ended the
+    whole server. Here a close half-closes only under the send lock, and while another
+    task sends it closes the socket outright, which ends that send.
+    """
+
+    async def run(self) -> None:
+        peer = _peer(self.stream)
+        try:
+            await super().run()
+        except* Exception as errors:  # Cancelled is not an Exception: it goes on up
+            log.error("connection from %s failed; closing it", peer, exc_info=errors)
+            with trio.CancelScope(shield=True):
+                await self.stream.aclose()
+
+    async def _close(self) -> None:
+        with trio.CancelScope(shield=True):  # a close must finish, cancelled or not
+            if self.send_lock.locked():
+                await self.stream.aclose()
+                return
+            async with self.send_lock:
+                await super()._close()
+
+
+def _peer(stream: Any) -> str:
+    try:
+        return repr_socket_addr(stream.socket.family, stream.socket.getpeername())
+    except (OSError, AttributeError):
+        return "a client that is gone"
 
 
 async def _first(wait: Callable[[], Awaitable[object]], scope: trio.CancelScope) -> None:

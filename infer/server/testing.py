@@ -21,11 +21,11 @@ import httpx
 import torch
 import trio
 from hypercorn.config import Config as HypercornConfig
-from hypercorn.trio import serve
 from quart_trio import QuartTrio
 from torch import nn
 
 from infer.server.app import shutdown_trigger
+from infer.server.serve import serve
 
 
 @dataclass
