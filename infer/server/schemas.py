@@ -184,6 +184,12 @@ class _OpenAIFields(SamplingFields):
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
     prompt_cache_retention: str | None = None
+    # What a router in front (SGLang Model Gateway) adds to every body. Only the values
+    # that describe what this server does anyway are accepted.
+    skip_special_tokens: Literal[True] = True
+    spaces_between_special_tokens: Literal[True] = True
+    no_stop_trim: Literal[False] = False
+    return_hidden_states: Literal[False] = False
 
 
 class CompletionRequest(_OpenAIFields):
@@ -239,6 +245,12 @@ class ChatCompletionRequest(_OpenAIFields):
     reasoning_effort: str | None = None
     verbosity: str | None = None
     web_search_options: dict[str, Any] | None = None
+    # Router extras (see _OpenAIFields): the template always opens a new assistant turn, and
+    # these models have no reasoning to separate.
+    continue_final_message: Literal[False] = False
+    add_generation_prompt: Literal[True] = True
+    separate_reasoning: bool = True
+    stream_reasoning: bool = True
 
     @model_validator(mode="after")
     def _honourable(self) -> ChatCompletionRequest:
