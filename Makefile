@@ -27,6 +27,7 @@ serve: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check infer tests bench
+	$(BIN)/ruff format --check infer tests bench
 	$(BIN)/mypy infer
 
 bench: $(STAMP)

@@ -20,23 +20,32 @@ import infer  # noqa: F401  (sets OMP_WAIT_POLICY before torch threads start)
 from infer.engine.grammar import GrammarCompiler
 from infer.engine.logits import process_logits
 from infer.engine.request import Request
-from infer.engine.sampler import SamplingParams
+from infer.engine.sampling import SamplingParams
 from infer.models.default import ensure_default_model
 
 BATCH, VOCAB, STEPS = 16, 49152, 60
-SCHEMA = {"type": "object", "properties": {
-    "name": {"type": "string"}, "age": {"type": "integer"},
-    "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}},
-    "address": {"type": "object", "properties": {"city": {"type": "string"}},
-                "required": ["city"]}},
-    "required": ["name", "age", "tags", "address"]}
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "age": {"type": "integer"},
+        "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}},
+        "address": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+    "required": ["name", "age", "tags", "address"],
+}
 
 
 def _requests(constrained: int, compiler: GrammarCompiler, **extra: object) -> list[Request]:
     grammar = compiler.json_schema(SCHEMA)
-    return [Request(f"r{i}", [1], SamplingParams(grammar=grammar if i < constrained else None,
-                                                   **extra))  # type: ignore[arg-type]
-            for i in range(BATCH)]
+    return [
+        Request(f"r{i}", [1], SamplingParams(grammar=grammar if i < constrained else None, **extra))  # type: ignore[arg-type]
+        for i in range(BATCH)
+    ]
 
 
 def _median_ms(requests: list[Request]) -> float:

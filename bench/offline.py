@@ -1,4 +1,4 @@
-"""In-process measurements without HTTP: the numbers issues 2 and 3 ask for.
+"""In-process measurements without HTTP: decode speed and batching gains.
 
     python bench/offline.py generate   # batch-1 greedy tok/s: generate() vs transformers
     python bench/offline.py engine     # W2 offline: sequential vs static vs continuous
@@ -22,14 +22,12 @@ import torch
 
 import infer  # noqa: F401  (sets OMP_WAIT_POLICY before torch threads start)
 from infer.bench.workloads import BenchRequest, PromptSource, mixed_requests
-from infer.engine.config import EngineConfig
+from infer.engine.config import DTYPES, EngineConfig
 from infer.engine.engine import Engine
 from infer.engine.generate import generate
-from infer.engine.sampler import SamplingParams
+from infer.engine.sampling import SamplingParams
 from infer.models.default import ensure_default_model
 from infer.models.loader import LoadedModel, load_model
-
-DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
 def _greedy(n: int) -> SamplingParams:
@@ -40,13 +38,16 @@ def bench_generate(new_tokens: int, prompt_len: int) -> None:
     """Batch-1 greedy decode tok/s of our generate() and transformers' generate()."""
     print("| dtype | infer generate() tok/s | transformers generate() tok/s | ratio |")
     print("|---|---|---|---|")
-    for name, dtype in DTYPES.items():
+    for name in ("bfloat16", "float32"):
+        dtype = DTYPES[name]
         loaded = load_model("default", dtype)
         ids = PromptSource(loaded.tokenizer).prompt(prompt_len, random.Random(0))
         ours = _tok_per_s(partial(_ours, loaded, ids, new_tokens))
         theirs = _tok_per_s(partial(_transformers, _hf_model(dtype), ids, new_tokens))
-        print(f"| {name} | {ours * new_tokens:.1f} | {theirs * new_tokens:.1f} | "
-              f"{ours / theirs:.2f}x |")
+        print(
+            f"| {name} | {ours * new_tokens:.1f} | {theirs * new_tokens:.1f} | "
+            f"{ours / theirs:.2f}x |"
+        )
 
 
 def _ours(loaded: LoadedModel, ids: tuple[int, ...], n: int) -> None:
@@ -62,8 +63,13 @@ def _hf_model(dtype: torch.dtype) -> Any:
 def _transformers(hf: Any, ids: tuple[int, ...], n: int) -> None:
     x = torch.tensor([ids])
     with torch.inference_mode():
-        hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, min_new_tokens=n,
-                    do_sample=False)
+        hf.generate(
+            x,
+            attention_mask=torch.ones_like(x),
+            max_new_tokens=n,
+            min_new_tokens=n,
+            do_sample=False,
+        )
 
 
 def _tok_per_s(fn: Callable[[], None]) -> float:
@@ -111,8 +117,12 @@ def bench_steps(context: int, steps: int) -> None:
     loaded = load_model("default", torch.bfloat16)
     print(f"| batch | decode step ms (context {context}) | tok/s |\n|---|---|---|")
     for batch in (1, 16, 64):
-        config = EngineConfig(max_batch_size=batch, max_seq_len=context + steps + 8,
-                              prefill_token_budget=4096, kv_cache_gb=4.0)
+        config = EngineConfig(
+            max_batch_size=batch,
+            max_seq_len=context + steps + 8,
+            prefill_token_budget=4096,
+            kv_cache_gb=4.0,
+        )
         engine = Engine(config, loaded.model, loaded.tokenizer, loaded.eos_token_ids)
         prompt = list(PromptSource(loaded.tokenizer).prompt(context, random.Random(0)))
         for _ in range(batch):

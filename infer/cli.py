@@ -5,18 +5,22 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import re
 import sys
+import types
+import typing
 from collections.abc import Callable, Iterator, Sequence
-from typing import TextIO
+from typing import Any, TextIO
 
-import torch
+from pydantic import ValidationError
 
+from infer.engine.config import DTYPES, EngineConfig
 from infer.engine.detokenizer import IncrementalDetokenizer
 from infer.engine.generate import generate
-from infer.engine.sampler import SamplingParams
+from infer.engine.prompts import encode_prompt
+from infer.engine.sampling import DEFAULT_MAX_TOKENS, SamplingParams
 from infer.models.loader import DEFAULT_SOURCE, LoadedModel, LoadError, load_model
 
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 EXIT_USAGE = 2  # argparse's code for bad arguments; also ours for bad models and parameters
 
 Command = Callable[[argparse.Namespace], int]
@@ -36,6 +40,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     command: Command = args.command
     try:
         return command(args)
+    except ValidationError as e:  # a SamplingParams field (a ValueError too)
+        print(f"infer: error: {_first_error(e)}", file=sys.stderr)
+        return EXIT_USAGE
     except (LoadError, ValueError) as e:
         print(f"infer: error: {e}", file=sys.stderr)
         return EXIT_USAGE
@@ -76,7 +83,9 @@ def _add_generate(commands: argparse._SubParsersAction) -> None:
     _add_model_args(p)
     p.add_argument("--prompt", help="the prompt (default: read prompts from stdin)")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
-    p.add_argument("--max-tokens", type=int, default=256, help="(default: %(default)s)")
+    p.add_argument(
+        "--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, help="(default: %(default)s)"
+    )
     p.add_argument(
         "--temperature", type=float, default=1.0, help="0 is greedy (default: %(default)s)"
     )
@@ -104,18 +113,91 @@ def _generate(args: argparse.Namespace) -> int:
     if args.chat and not loaded.chat_template:
         raise ValueError(f"{loaded.name} has no chat template; drop --chat")
     prompts = [args.prompt] if args.prompt is not None else _read_prompts(sys.stdin)
+    vocab = loaded.model.config.vocab_size
     for prompt in prompts:
-        stream_completion(loaded, encode_prompt(loaded, prompt, args.chat), params, sys.stdout)
+        turns = [{"role": "user", "content": prompt}] if args.chat else None
+        ids = encode_prompt(loaded.tokenizer, vocab, None if args.chat else prompt, turns)
+        stream_completion(loaded, ids, params, sys.stdout)
     return 0
 
 
-# `infer serve` flags that map one to one onto EngineConfig / ServerConfig fields.
-_ENGINE_FLAGS = ("model", "dtype", "device", "batching_mode", "max_batch_size", "max_seq_len",
-                 "max_waiting_requests", "prefill_token_budget", "seed", "num_threads",
-                 "block_size", "kv_cache_gb", "prefix_caching")
-_SERVER_FLAGS = ("host", "port", "max_prompt_bytes", "max_body_bytes", "rate_limit",
-                 "rate_burst", "heartbeat_s", "max_timeout_s", "output_buffer",
-                 "max_pending_tokens", "resume_window_s")
+def _first_error(error: ValidationError) -> str:
+    err = error.errors()[0]
+    loc = ".".join(str(p) for p in err["loc"])
+    return f"{loc}: {err['msg']}" if loc else err["msg"]
+
+
+# --- flags from the config dataclasses ------------------------------------------------------
+
+
+def _field_help(cls: type) -> dict[str, str]:
+    """Each field's description from the ``Args:`` section of ``cls``'s docstring."""
+    doc = (cls.__doc__ or "").split("Args:", 1)[-1].split("Raises:", 1)[0]
+    helps: dict[str, str] = {}
+    for match in re.finditer(r"^ {8}(\w+): (.*?)(?=^ {8}\w+: |\Z)", doc, re.M | re.S):
+        helps[match.group(1)] = " ".join(match.group(2).split()).replace("%", "%%")
+    return helps
+
+
+def _scalar(annotation: Any) -> tuple[Any, bool]:
+    """``(type, optional)`` of a field annotation such as ``int``, ``float | None``."""
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType) and type(None) in args:
+        [inner] = [a for a in args if a is not type(None)]
+        return inner, True
+    return annotation, False
+
+
+def add_config_flags(parser: argparse.ArgumentParser, cls: type, skip: Sequence[str] = ()) -> None:
+    """One flag per field of the dataclass ``cls``, its help taken from the docstring.
+
+    Every flag defaults to unset (``None``), so that what is not given falls back to the
+    environment and then to the field's default. ``x_y: int`` is ``--x-y N``; a bool that
+    defaults to true is ``--no-x-y``; a ``tuple[str, ...]`` is a repeatable flag named in the
+    singular (``api_keys``: ``--api-key``); ``metadata["choices"]`` limits a string.
+    """
+    helps = _field_help(cls)
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if f.name in skip or not f.init:
+            continue
+        kind, _ = _scalar(hints[f.name])
+        flag = "--" + f.name.replace("_", "-")
+        given = f.default not in (dataclasses.MISSING, ())
+        default = f"(default: {f.default})" if given else ""
+        text = " ".join(p for p in (helps.get(f.name, ""), default) if p)
+        if kind is bool:
+            name = f"--no-{f.name.replace('_', '-')}" if f.default else flag
+            parser.add_argument(
+                name,
+                dest=f.name,
+                action="store_const",
+                const=not f.default,
+                default=None,
+                help=text,
+            )
+        elif typing.get_origin(kind) is tuple:
+            parser.add_argument(
+                flag.removesuffix("s"),
+                dest=f.name,
+                action="append",
+                metavar=f.name.removesuffix("s").upper(),
+                help=text,
+            )
+        else:
+            parser.add_argument(
+                flag, dest=f.name, type=kind, choices=f.metadata.get("choices"), help=text
+            )
+
+
+def config_values(args: argparse.Namespace, cls: type) -> dict[str, Any]:
+    """The fields of ``cls`` that were given on the command line."""
+    values = {}
+    for f in dataclasses.fields(cls):
+        value = getattr(args, f.name, None)
+        if value is not None:
+            values[f.name] = tuple(value) if isinstance(value, list) else value
+    return values
 
 
 def _add_serve(commands: argparse._SubParsersAction) -> None:
@@ -126,31 +208,16 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
         "to INFER_* environment variables (INFER_API_KEYS, INFER_CORS_ORIGINS, ...), then to "
         "the defaults. SIGINT/SIGTERM end open streams with a terminal event, then exit.",
     )
-    p.add_argument("--host", help="address to bind (default: 127.0.0.1)")
-    p.add_argument("--port", type=int, help="port to bind (default: 8000)")
-    p.add_argument("--model", help="'default', a Hugging Face directory, a .gguf file or a hub id")
-    p.add_argument("--dtype", choices=list(DTYPES))
-    p.add_argument("--device", help="torch device (default: cpu)")
-    p.add_argument("--batching-mode", choices=["continuous", "static"])
-    for flag in ("--max-batch-size", "--max-seq-len", "--max-waiting-requests",
-                 "--prefill-token-budget", "--seed", "--num-threads", "--max-prompt-bytes",
-                 "--max-body-bytes", "--rate-burst", "--output-buffer", "--max-pending-tokens",
-                 "--block-size"):
-        p.add_argument(flag, type=int)
-    p.add_argument("--kv-cache-gb", type=float,
-                   help="KV cache budget in GB (default: 0.75, or less if enough)")
-    p.add_argument("--no-prefix-caching", dest="prefix_caching", action="store_const",
-                   const=False, default=None, help="do not reuse KV blocks of shared prefixes")
-    p.add_argument("--rate-limit", type=float, help="requests per minute per client (off)")
-    p.add_argument("--heartbeat-s", type=float, help="SSE heartbeat interval (default: 15)")
-    p.add_argument("--max-timeout-s", type=float, help="cap on a request's run time (600)")
-    p.add_argument("--resume-window-s", type=float,
-                   help="how long a /v1/generate stream with a request_id waits for its "
-                        "client to reconnect (default: 10)")
-    p.add_argument("--api-key", action="append", default=[], metavar="KEY",
-                   help="accepted bearer token (repeatable; prefer INFER_API_KEYS)")
-    p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
-                   help="origin allowed by CORS (repeatable; '*' allows any)")
+    from infer.server.config import ServerConfig
+
+    add_config_flags(p.add_argument_group("server"), ServerConfig, skip=("engine",))
+    add_config_flags(p.add_argument_group("engine"), EngineConfig)
+    p.add_argument(
+        "--hypercorn-config",
+        metavar="TOML",
+        help="take Hypercorn's settings (bind, timeouts, logs) from this file, "
+        "such as the repository's hypercorn.toml",
+    )
     p.add_argument("--access-log", action="store_true", help="log every request")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(command=_serve)
@@ -161,22 +228,17 @@ def _serve(args: argparse.Namespace) -> int:
     from infer.server.serve import limit_malloc_arenas, run
 
     base = ServerConfig.from_env()
-    engine = {f: getattr(args, f) for f in _ENGINE_FLAGS if getattr(args, f) is not None}
-    server = {f: getattr(args, f) for f in _SERVER_FLAGS if getattr(args, f) is not None}
-    if args.api_key:
-        server["api_keys"] = tuple(args.api_key)
-    if args.cors_origin:
-        server["cors_origins"] = tuple(args.cors_origin)
-    config = dataclasses.replace(
-        base, engine=dataclasses.replace(base.engine, **engine), **server
-    )
+    server = config_values(args, ServerConfig)
+    server.pop("engine", None)
+    engine = dataclasses.replace(base.engine, **config_values(args, EngineConfig))
+    config = dataclasses.replace(base, engine=engine, **server)
     handler = logging.StreamHandler()  # Hypercorn's own loggers keep their handlers
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logger = logging.getLogger("infer")
     logger.addHandler(handler)
     logger.setLevel(args.log_level.upper())
     limit_malloc_arenas()
-    return run(config, access_log=args.access_log)
+    return run(config, access_log=args.access_log, hypercorn_toml=args.hypercorn_config)
 
 
 def _add_bench(commands: argparse._SubParsersAction) -> None:
@@ -194,17 +256,6 @@ def _add_bench(commands: argparse._SubParsersAction) -> None:
         "and .md plus PNG charts, and print the tables.",
     )
     add_arguments(p)
-
-
-def encode_prompt(loaded: LoadedModel, prompt: str, chat: bool) -> list[int]:
-    """Token ids of a prompt, as a single user message of the chat template if ``chat``."""
-    tokenizer = loaded.tokenizer
-    if not chat:
-        return list(tokenizer.encode(prompt))
-    messages = [{"role": "user", "content": prompt}]
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    # The template already holds the special tokens (BOS, role markers).
-    return list(tokenizer.encode(str(text), add_special_tokens=False))
 
 
 def stream_completion(

@@ -57,8 +57,13 @@ def tiny_model() -> CausalLM:
     """A 2-layer random Llama over the default tokenizer's vocabulary (fp32)."""
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(
-        vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
+        vocab_size=49152,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
     )
     ref = transformers.LlamaForCausalLM(cfg)
     config = ModelConfig.from_hf(cfg.to_dict() | {"architectures": ["LlamaForCausalLM"]})

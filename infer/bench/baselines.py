@@ -26,7 +26,7 @@ from infer.bench.metrics import RequestResult
 from infer.bench.workloads import BenchRequest, Workload
 from infer.engine.generate import generate
 from infer.engine.runner import forward_sequence
-from infer.engine.sampler import SamplingParams
+from infer.engine.sampling import SamplingParams
 from infer.models.kv_cache import PagedKVCache
 from infer.models.loader import LoadedModel
 
@@ -62,8 +62,9 @@ def forward_step_ms(loaded: LoadedModel, context: int, steps: int = 32) -> float
     cache = PagedKVCache(model.config, len(table), size, model.dtype, model.device)
     times = []
     with torch.inference_mode():
-        forward_sequence(model, cache, table, [i % model.config.vocab_size
-                                                for i in range(context)], 0)
+        forward_sequence(
+            model, cache, table, [i % model.config.vocab_size for i in range(context)], 0
+        )
         for step in range(steps):
             t0 = time.perf_counter()
             forward_sequence(model, cache, table, [step + 1], context + step)
@@ -159,8 +160,8 @@ def _left_pad(prompts: list[tuple[int, ...]], pad_id: int) -> tuple[Tensor, Tens
     ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(prompts), width), dtype=torch.long)
     for row, prompt in enumerate(prompts):
-        ids[row, width - len(prompt):] = torch.tensor(prompt)
-        mask[row, width - len(prompt):] = 1
+        ids[row, width - len(prompt) :] = torch.tensor(prompt)
+        mask[row, width - len(prompt) :] = 1
     return ids, mask
 
 

@@ -16,8 +16,14 @@ SIZE = (7.5, 3.6)
 DPI = 90
 # One colour per system in every chart (matplotlib's default cycle, by position).
 COLORS = {
-    "sequential": "C0", "hf": "C1", "hf-batched": "C2", "infer-static": "C3",
-    "infer-continuous": "C4", "llama.cpp": "C5", "url": "C6", "infer-noprefix": "C8",
+    "sequential": "C0",
+    "hf": "C1",
+    "hf-batched": "C2",
+    "infer-static": "C3",
+    "infer-continuous": "C4",
+    "llama.cpp": "C5",
+    "url": "C6",
+    "infer-noprefix": "C8",
     "vllm": "C9",
 }
 # Without a sweep, these workloads' runs are the throughput chart's points (at most one per
@@ -48,12 +54,14 @@ def throughput_chart(runs: list[Run], path: Path) -> None:
         color = COLORS.get(system, "C7")
         if mine[0].get("serial"):
             rate = mine[0]["metrics"]["output_tok_s"]
-            ax.plot([levels[0], levels[-1]], [rate, rate], "--", color=color,
-                    label=f"{system} (serial)")
+            ax.plot(
+                [levels[0], levels[-1]], [rate, rate], "--", color=color, label=f"{system} (serial)"
+            )
         else:
             xs = [r["concurrency"] for r in mine]
-            ax.plot(xs, [r["metrics"]["output_tok_s"] for r in mine], "o-", color=color,
-                    label=system)
+            ax.plot(
+                xs, [r["metrics"]["output_tok_s"] for r in mine], "o-", color=color, label=system
+            )
     ax.set_xscale("log", base=2)
     ax.set_xticks(levels, [str(c) for c in levels])
     ax.set_xlabel("concurrent streams")

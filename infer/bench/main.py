@@ -24,7 +24,6 @@ from infer.bench.metrics import summarize
 from infer.bench.report import Report, Run, goals_table, tables, write_report
 from infer.bench.servers import ServerError
 from infer.bench.systems import (
-    DTYPES,
     SERIAL,
     SYSTEMS,
     URL_SYSTEM,
@@ -40,6 +39,7 @@ from infer.bench.workloads import (
     Workload,
     build_workloads,
 )
+from infer.engine.config import DTYPES
 from infer.models.loader import load_model
 
 WORKLOADS = WORKLOAD_NAMES
@@ -56,40 +56,82 @@ TOKEN_COUNT_NOTE = (
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The ``infer bench`` options."""
-    p.add_argument("--systems", type=_names, help="comma-separated, from: "
-                   f"{', '.join(SYSTEMS)} (default: all; with --url: sequential,url)")
-    p.add_argument("--workloads", type=_names, default=list(WORKLOADS),
-                   help=f"comma-separated, from: {', '.join(WORKLOADS)} (default: all)")
-    p.add_argument("--scale", choices=SCALES, default="full",
-                   help="full: the sizes of issue 5; quick: minutes on 2 cores; smoke: seconds, "
-                   "checks the pipeline only (default: %(default)s)")
-    p.add_argument("--quick", dest="scale", action="store_const", const="quick",
-                   help="same as --scale quick")
-    p.add_argument("--concurrency", type=_levels,
-                   help="sweep levels, e.g. 1,4,16,64 (default: by scale)")
-    p.add_argument("--rate", type=float,
-                   help="Poisson arrivals at this many requests/s for W2 and the sweep "
-                   "(default: all requests offered at once, up to the concurrency)")
+    p.add_argument(
+        "--systems",
+        type=_names,
+        help="comma-separated, from: "
+        f"{', '.join(SYSTEMS)} (default: all; with --url: sequential,url)",
+    )
+    p.add_argument(
+        "--workloads",
+        type=_names,
+        default=list(WORKLOADS),
+        help=f"comma-separated, from: {', '.join(WORKLOADS)} (default: all)",
+    )
+    p.add_argument(
+        "--scale",
+        choices=SCALES,
+        default="full",
+        help="full: the specified sizes; quick: minutes on 2 cores; smoke: seconds, "
+        "checks the pipeline only (default: %(default)s)",
+    )
+    p.add_argument(
+        "--quick", dest="scale", action="store_const", const="quick", help="same as --scale quick"
+    )
+    p.add_argument(
+        "--concurrency", type=_levels, help="sweep levels, e.g. 1,4,16,64 (default: by scale)"
+    )
+    p.add_argument(
+        "--rate",
+        type=float,
+        help="Poisson arrivals at this many requests/s for W2 and the sweep "
+        "(default: all requests offered at once, up to the concurrency)",
+    )
     p.add_argument("--url", help="measure the infer server running here instead of starting one")
-    p.add_argument("--api", choices=["native", "openai"], default="native",
-                   help="stream dialect of --url: /v1/generate or /v1/completions")
-    p.add_argument("--server-arg", action="append", default=[], metavar="ARG",
-                   help="extra `infer serve` argument for the servers started, e.g. "
-                   "--server-arg=--max-batch-size=32 (repeatable)")
-    p.add_argument("--threads", type=int,
-                   help="torch threads for every system, servers included (default: torch's, "
-                   "one per core; 1 is steadier on a machine others are using)")
-    p.add_argument("--temperature", type=float, default=0.0,
-                   help="sampling temperature sent to every server (default: 0, greedy; the "
-                   "in-process baselines stay greedy)")
-    p.add_argument("--top-p", type=float, default=1.0,
-                   help="top-p sent to every server with --temperature (default: 1, none)")
+    p.add_argument(
+        "--api",
+        choices=["native", "openai"],
+        default="native",
+        help="stream dialect of --url: /v1/generate or /v1/completions",
+    )
+    p.add_argument(
+        "--server-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="extra `infer serve` argument for the servers started, e.g. "
+        "--server-arg=--max-batch-size=32 (repeatable)",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        help="torch threads for every system, servers included (default: torch's, "
+        "one per core; 1 is steadier on a machine others are using)",
+    )
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="sampling temperature sent to every server (default: 0, greedy; the "
+        "in-process baselines stay greedy)",
+    )
+    p.add_argument(
+        "--top-p",
+        type=float,
+        default=1.0,
+        help="top-p sent to every server with --temperature (default: 1, none)",
+    )
     p.add_argument("--model", default="default", help="(default: %(default)s)")
-    p.add_argument("--dtype", choices=list(DTYPES), default="bfloat16",
-                   help="(default: %(default)s)")
+    p.add_argument(
+        "--dtype", choices=list(DTYPES), default="bfloat16", help="(default: %(default)s)"
+    )
     p.add_argument("--seed", type=int, default=0, help="prompt seed (default: %(default)s)")
-    p.add_argument("--out", type=Path, default=None,
-                   help="report directory (default: the checkout's bench/results)")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="report directory (default: the checkout's bench/results)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(command=run_bench)
 
@@ -117,13 +159,15 @@ def run_bench(args: argparse.Namespace) -> int:
     workloads = build_workloads(
         loaded.tokenizer, args.workloads, args.scale, args.seed, args.concurrency, args.rate
     )
-    settings = Settings(loaded, args.model, args.dtype, args.seed, args.url, args.api,
-                        args.server_arg, args.threads)
+    settings = Settings(
+        loaded, args.model, args.dtype, args.seed, args.url, args.api, args.server_arg, args.threads
+    )
     if args.temperature > 0:
         settings.sampling = {"temperature": args.temperature, "top_p": args.top_p}
         settings.notes.append(
             f"Sampled: every server request asks for temperature {args.temperature:g} and "
-            f"top_p {args.top_p:g} (no seed); the in-process baselines decode greedily")
+            f"top_p {args.top_p:g} (no seed); the in-process baselines decode greedily"
+        )
     meta = _meta(args, loaded.name)
     scale = SCALE_SIZES[args.scale]
     meta["forward_step_context"] = context = scale.w1_prompt + scale.w1_new // 2  # mid-W1
@@ -142,8 +186,12 @@ def run_bench(args: argparse.Namespace) -> int:
     meta["notes"] = [TOKEN_COUNT_NOTE, *settings.notes]
     meta["startup_s"] = settings.startup_s
     add_ratios(runs)
-    report: Report = {"meta": meta, "workloads": _describe(workloads), "runs": runs,
-                      "unavailable": unavailable}
+    report: Report = {
+        "meta": meta,
+        "workloads": _describe(workloads),
+        "runs": runs,
+        "unavailable": unavailable,
+    }
     report["goals"] = goals(runs, meta["forward_step_ms"])
     out_dir = args.out if args.out is not None else default_results_dir()
     paths = write_report(report, out_dir, report_stem(meta))
@@ -158,9 +206,7 @@ def run_bench(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def _measure(
-    system: str, settings: Settings, workloads: list[Workload], quiet: bool
-) -> list[Run]:
+def _measure(system: str, settings: Settings, workloads: list[Workload], quiet: bool) -> list[Run]:
     runs: list[Run] = []
     if not quiet:
         tqdm.write(f"{system}: setting up", file=sys.stderr)
@@ -173,17 +219,25 @@ def _measure(
             label = workload.name
             if workload.name == "sweep":
                 label += f" c={workload.concurrency}"
-            with tqdm(total=len(workload.requests), desc=f"{system:>16} {label:<10}", unit="req",
-                      disable=True if quiet else None, leave=False, file=sys.stderr) as bar:
+            with tqdm(
+                total=len(workload.requests),
+                desc=f"{system:>16} {label:<10}",
+                unit="req",
+                disable=True if quiet else None,
+                leave=False,
+                file=sys.stderr,
+            ) as bar:
                 results = measure(workload, lambda r: bar.update())
-            runs.append({
-                "system": system,
-                "workload": workload.name,
-                "concurrency": 1 if serial else workload.concurrency,
-                "rate": workload.rate,
-                "serial": serial,
-                "metrics": summarize(results),
-            })
+            runs.append(
+                {
+                    "system": system,
+                    "workload": workload.name,
+                    "concurrency": 1 if serial else workload.concurrency,
+                    "rate": workload.rate,
+                    "serial": serial,
+                    "metrics": summarize(results),
+                }
+            )
     return runs
 
 
@@ -191,8 +245,9 @@ def add_ratios(runs: list[Run]) -> None:
     """Each run's output tok/s over the sequential baseline's on the same workload, and,
     when vLLM was measured, its output tok/s and TTFT p95 over vLLM's on the same workload
     and concurrency (``ratio_vs_vllm``; ``None`` where vLLM has no such run)."""
-    base = {r["workload"]: r["metrics"]["output_tok_s"] for r in runs
-            if r["system"] == "sequential"}
+    base = {
+        r["workload"]: r["metrics"]["output_tok_s"] for r in runs if r["system"] == "sequential"
+    }
     peer = {(r["workload"], r["concurrency"]): r["metrics"] for r in runs if r["system"] == PEER}
     for run in runs:
         rate, ref = run["metrics"]["output_tok_s"], base.get(run["workload"])
@@ -219,7 +274,8 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 
 def goals(runs: list[Run], forward_ms: float | None) -> list[dict[str, Any]]:
-    """Issue 5's targets for this machine, each with what was measured."""
+    """The serving goals for this machine, each with what was measured."""
+
     def tok_s(system: str) -> float | None:
         return _metric(runs, system, "W2", "output_tok_s")
 
@@ -228,16 +284,35 @@ def goals(runs: list[Run], forward_ms: float | None) -> list[dict[str, Any]]:
 
     itl = _metric(runs, "infer-continuous", "W1", "itl_ms")
     measured = [
-        ("W2 output tok/s, continuous ÷ sequential generate()", "≥ 3×", 3.0, False,
-         ratio(tok_s("infer-continuous"), tok_s("sequential"))),
-        ("W1 ITL p50 (continuous server) ÷ raw decode forward", "≤ 1.25×", 1.25, True,
-         ratio(itl["p50"] if itl else None, forward_ms)),
-        ("W2 output tok/s, continuous ÷ static", "≥ 1.3×", 1.3, False,
-         ratio(tok_s("infer-continuous"), tok_s("infer-static"))),
+        (
+            "W2 output tok/s, continuous ÷ sequential generate()",
+            "≥ 3×",
+            3.0,
+            False,
+            ratio(tok_s("infer-continuous"), tok_s("sequential")),
+        ),
+        (
+            "W1 ITL p50 (continuous server) ÷ raw decode forward",
+            "≤ 1.25×",
+            1.25,
+            True,
+            ratio(itl["p50"] if itl else None, forward_ms),
+        ),
+        (
+            "W2 output tok/s, continuous ÷ static",
+            "≥ 1.3×",
+            1.3,
+            False,
+            ratio(tok_s("infer-continuous"), tok_s("infer-static")),
+        ),
     ]
     return [
-        {"goal": goal, "target": target, "value": value,
-         "met": None if value is None else (value <= bound if at_most else value >= bound)}
+        {
+            "goal": goal,
+            "target": target,
+            "value": value,
+            "met": None if value is None else (value <= bound if at_most else value >= bound),
+        }
         for goal, target, bound, at_most, value in measured
     ]
 
@@ -269,8 +344,10 @@ def _systems(args: argparse.Namespace) -> list[str]:
         systems.append(URL_SYSTEM)
     unknown = [s for s in systems if s not in (*SYSTEMS, URL_SYSTEM)]
     if unknown or (URL_SYSTEM in systems and not args.url):
-        raise ValueError(f"unknown systems: {', '.join(unknown) or URL_SYSTEM + ' (needs --url)'}"
-                         f"; choose from {', '.join(SYSTEMS)}")
+        raise ValueError(
+            f"unknown systems: {', '.join(unknown) or URL_SYSTEM + ' (needs --url)'}"
+            f"; choose from {', '.join(SYSTEMS)}"
+        )
     unknown_workloads = set(args.workloads) - set(WORKLOADS)
     if unknown_workloads:
         raise ValueError(f"unknown workloads: {', '.join(sorted(unknown_workloads))}")
@@ -280,10 +357,17 @@ def _systems(args: argparse.Namespace) -> list[str]:
 def _describe(workloads: list[Workload]) -> list[dict[str, Any]]:
     described: dict[str, dict[str, Any]] = {}
     for w in workloads:
-        entry = described.setdefault(w.name, {
-            "name": w.name, "description": w.description, "requests": len(w.requests),
-            "output_tokens": w.output_tokens, "rate": w.rate, "levels": [],
-        })
+        entry = described.setdefault(
+            w.name,
+            {
+                "name": w.name,
+                "description": w.description,
+                "requests": len(w.requests),
+                "output_tokens": w.output_tokens,
+                "rate": w.rate,
+                "levels": [],
+            },
+        )
         entry["levels"].append(w.concurrency)
     return list(described.values())
 
@@ -335,8 +419,14 @@ def _cpu_name() -> str:
 def _git(*args: str) -> str | None:
     """Output of a git command in this package's checkout (None outside one)."""
     try:
-        out = subprocess.run(["git", *args], capture_output=True, text=True,
-                             cwd=Path(__file__).parent, timeout=5, check=True)
+        out = subprocess.run(
+            ["git", *args],
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).parent,
+            timeout=5,
+            check=True,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() or None

@@ -85,8 +85,12 @@ def tables(report: Report) -> str:
         if name == "sweep":
             out += _sweep_table(workload, runs, with_vllm)
         else:
-            out += [f"## {name}: {workload['description']}", "",
-                    *_workload_table(runs, with_vllm), ""]
+            out += [
+                f"## {name}: {workload['description']}",
+                "",
+                *_workload_table(runs, with_vllm),
+                "",
+            ]
     return "\n".join(out)
 
 
@@ -124,9 +128,7 @@ def _vllm_ratio(run: Run) -> str:
     return "; ".join("–" if c is None else f"{c:.2f}×" for c in cells)
 
 
-def _sweep_table(
-    workload: dict[str, Any], runs: list[Run], with_vllm: bool = False
-) -> list[str]:
+def _sweep_table(workload: dict[str, Any], runs: list[Run], with_vllm: bool = False) -> list[str]:
     levels = workload["levels"]
     out = [
         f"## Concurrency sweep: {workload['description']}",
@@ -158,11 +160,11 @@ def _sweep_table(
 
 
 def goals_table(report: Report) -> str:
-    """Issue 5's goals with what this run measured (– where it did not measure them)."""
+    """The serving goals with what this run measured (– where it did not measure them)."""
     goals = report.get("goals", [])
     if not goals:
         return ""
-    out = ["## Goals (issue 5)", "", "| goal | measured | target | met |", "|---|---|---|---|"]
+    out = ["## Goals", "", "| goal | measured | target | met |", "|---|---|---|---|"]
     for g in goals:
         met = "–" if g["met"] is None else ("yes" if g["met"] else "**no**")
         out.append(f"| {g['goal']} | {_num(g['value'])} | {g['target']} | {met} |")

@@ -50,8 +50,22 @@ def infer_command(
 ) -> list[str]:
     """``infer serve`` in this interpreter, on 127.0.0.1:``port``, in batching ``mode``."""
     return [
-        sys.executable, "-m", "infer", "serve", "--host", "127.0.0.1", "--port", str(port),
-        "--model", model, "--dtype", dtype, "--batching-mode", mode, "--log-level", "warning",
+        sys.executable,
+        "-m",
+        "infer",
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--model",
+        model,
+        "--dtype",
+        dtype,
+        "--batching-mode",
+        mode,
+        "--log-level",
+        "warning",
         *extra,
     ]
 
@@ -74,9 +88,25 @@ def llama_cpp_command(python: str, port: int, gguf: Path, threads: int, ctx: int
     cutting it off (its default), so concurrent streams all finish.
     """
     return [
-        python, "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1",
-        "--port", str(port), "--n_threads", str(threads), "--n_threads_batch", str(threads),
-        "--n_ctx", str(ctx), "--interrupt_requests", "False", "--verbose", "False",
+        python,
+        "-m",
+        "llama_cpp.server",
+        "--model",
+        str(gguf),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--n_threads",
+        str(threads),
+        "--n_threads_batch",
+        str(threads),
+        "--n_ctx",
+        str(ctx),
+        "--interrupt_requests",
+        "False",
+        "--verbose",
+        "False",
     ]
 
 
@@ -92,9 +122,18 @@ def default_vllm_venv() -> Path:
 def vllm_command(venv: Path, port: int, model_dir: Path, max_len: int) -> list[str]:
     """``vllm serve`` through the venv's launcher (bench/peers/vllm_launcher.py), bf16."""
     return [
-        str(venv / "bin" / "python"), str(venv / "vllm_launcher.py"), "serve", str(model_dir),
-        "--dtype", "bfloat16", "--max-model-len", str(max_len), "--host", "127.0.0.1",
-        "--port", str(port),
+        str(venv / "bin" / "python"),
+        str(venv / "vllm_launcher.py"),
+        "serve",
+        str(model_dir),
+        "--dtype",
+        "bfloat16",
+        "--max-model-len",
+        str(max_len),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
     ]
 
 
@@ -125,8 +164,12 @@ def running_server(
     with tempfile.TemporaryFile("w+b") as log:
         started = time.monotonic()
         process = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env=None if env is None else dict(env), start_new_session=True,
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=None if env is None else dict(env),
+            start_new_session=True,
         )
         try:
             _wait_ready(process, url + ready_path, log, timeout_s)

@@ -30,11 +30,18 @@ from infer.bench.servers import (
     vllm_env,
 )
 from infer.bench.workloads import SOURCE_TEXT, BenchRequest, Workload
+from infer.engine.config import DTYPES
 from infer.models.loader import LoadedModel
 
 SYSTEMS = (
-    "sequential", "hf", "hf-batched", "infer-static", "infer-continuous", "infer-noprefix",
-    "llama.cpp", "vllm",
+    "sequential",
+    "hf",
+    "hf-batched",
+    "infer-static",
+    "infer-continuous",
+    "infer-noprefix",
+    "llama.cpp",
+    "vllm",
 )
 # infer's servers: the batching mode, and extra `infer serve` arguments.
 INFER_SERVERS = {
@@ -44,7 +51,6 @@ INFER_SERVERS = {
 }
 URL_SYSTEM = "url"  # the server at --url
 SERIAL = frozenset({"sequential", "hf"})  # one request at a time, whatever the concurrency
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 LLAMA_CPP_CTX = 2048
 VLLM_MAX_MODEL_LEN = 2048
 
@@ -141,8 +147,13 @@ def _llama_cpp(settings: Settings) -> Iterator[Measure]:
     # Its completions take text prompts only; min_tokens is how it ignores EOS; its default
     # repeat_penalty of 1.1 would make its greedy tokens differ from everyone else's.
     tokenizer = settings.loaded.tokenizer
-    target = Target(url, "openai", {"repeat_penalty": 1.0},
-                    lambda ids: str(tokenizer.decode(list(ids))), min_tokens=True)
+    target = Target(
+        url,
+        "openai",
+        {"repeat_penalty": 1.0},
+        lambda ids: str(tokenizer.decode(list(ids))),
+        min_tokens=True,
+    )
     with running_server(command, url, "/v1/models"):
         yield _http(target, settings, "llama.cpp")
 
@@ -170,8 +181,9 @@ def _vllm(settings: Settings) -> Iterator[Measure]:
     url = f"http://127.0.0.1:{port}"
     command = vllm_command(venv, port, model_dir, VLLM_MAX_MODEL_LEN)
     target = Target(url, "openai", {"model": str(model_dir), "ignore_eos": True})
-    with running_server(command, url, "/health", vllm_env(venv),
-                        VLLM_STARTUP_TIMEOUT_S) as startup_s:
+    with running_server(
+        command, url, "/health", vllm_env(venv), VLLM_STARTUP_TIMEOUT_S
+    ) as startup_s:
         settings.startup_s["vllm"] = round(startup_s, 1)
         yield _http(target, settings, "vllm")
 

@@ -86,13 +86,28 @@ SYSTEM_PREAMBLE = (
     "Passage:\n"
 )
 QUESTION_TOPICS = (
-    "the nation", "the war", "the season of Light", "the king with a large jaw", "Mr. Bennet",
-    "Netherfield Park", "Ishmael", "the ocean", "the dead", "freedom", "the throne of France",
-    "a single man", "the watery part of the world", "November", "the ship", "the people",
+    "the nation",
+    "the war",
+    "the season of Light",
+    "the king with a large jaw",
+    "Mr. Bennet",
+    "Netherfield Park",
+    "Ishmael",
+    "the ocean",
+    "the dead",
+    "freedom",
+    "the throne of France",
+    "a single man",
+    "the watery part of the world",
+    "November",
+    "the ship",
+    "the people",
 )
 QUESTION_FORMS = (
-    "What does the passage say about {}?", "Who speaks of {}, and why?",
-    "Sum up the mention of {} in five words.", "Is {} described kindly?",
+    "What does the passage say about {}?",
+    "Who speaks of {}, and why?",
+    "Sum up the mention of {} in five words.",
+    "Is {} described kindly?",
 )
 
 
@@ -134,7 +149,7 @@ class Workload:
 
 @dataclass(frozen=True)
 class Scale:
-    """The sizes of the workloads at one scale (``full`` is what the issues specify).
+    """The sizes of the workloads at one scale (``full``: the specified sizes).
 
     ``chat_*`` size the chat-sized load (all requests in flight at once; prompts counted in
     words of the source text), ``prefix_*`` the shared-prefix load (``prefix_len`` tokens
@@ -159,16 +174,30 @@ class Scale:
     prefix_concurrency: int = 1
 
 
-# full: W1 and W2 as issue 5 specifies them, chat64 and prefix as issue 9 does; the sweep's 64
+# full: W1, W2, chat64 and prefix at their specified sizes; the sweep's 64
 # requests are kept short so that its concurrency-1 pass stays within minutes. quick: a few
 # minutes for everything on 2 busy cores. smoke: seconds; checks the pipeline (the test suite
 # runs it), measures nothing.
 SCALE_SIZES = {
     "full": Scale(256, 256, 16, (32, 1024), (64, 256), 64, (32, 512), (16, 64), (1, 4, 16, 64)),
-    "quick": Scale(128, 32, 8, (32, 256), (16, 48), 8, (32, 128), (16, 32), (1, 4, 8),
-                   16, (20, 50), 32, 8, 500, 16),
-    "smoke": Scale(16, 4, 2, (8, 32), (2, 4), 2, (8, 16), (2, 3), (1, 2),
-                   4, (5, 10), 4, 3, 48, 4),
+    "quick": Scale(
+        128,
+        32,
+        8,
+        (32, 256),
+        (16, 48),
+        8,
+        (32, 128),
+        (16, 32),
+        (1, 4, 8),
+        16,
+        (20, 50),
+        32,
+        8,
+        500,
+        16,
+    ),
+    "smoke": Scale(16, 4, 2, (8, 32), (2, 4), 2, (8, 16), (2, 3), (1, 2), 4, (5, 10), 4, 3, 48, 4),
 }
 
 
@@ -297,8 +326,7 @@ def chat(
         BenchRequest(source.words(rng.randint(*words), rng), new_tokens) for _ in range(n)
     )
     description = (
-        f"{n} concurrent requests, prompts of {words[0]}-{words[1]} words, "
-        f"{new_tokens} new tokens"
+        f"{n} concurrent requests, prompts of {words[0]}-{words[1]} words, {new_tokens} new tokens"
     )
     return Workload("chat64", description, requests, n)
 
@@ -349,8 +377,13 @@ def sweep(
         f"{new_range[0]}-{new_range[1]} new tokens{arrivals}"
     )
     return [
-        Workload("sweep", description,
-                 mixed_requests(source, n, prompt_range, new_range, f"sweep/{seed}"), c, rate)
+        Workload(
+            "sweep",
+            description,
+            mixed_requests(source, n, prompt_range, new_range, f"sweep/{seed}"),
+            c,
+            rate,
+        )
         for c in levels
     ]
 
@@ -375,8 +408,9 @@ def build_workloads(
         raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
     unknown = set(names) - set(WORKLOAD_NAMES)
     if unknown:
-        raise ValueError(f"unknown workloads: {', '.join(sorted(unknown))} "
-                         f"(use {', '.join(WORKLOAD_NAMES)})")
+        raise ValueError(
+            f"unknown workloads: {', '.join(sorted(unknown))} (use {', '.join(WORKLOAD_NAMES)})"
+        )
     s = SCALE_SIZES[scale]
     source = PromptSource(tokenizer)
     levels = tuple(concurrency) if concurrency else s.concurrency
@@ -385,9 +419,17 @@ def build_workloads(
         "w2": [mixed(source, s.w2_requests, s.w2_prompt, s.w2_new, seed, rate)],
         "w2serial": [serial(source, s.w2_requests, s.w2_prompt, s.w2_new, seed)],
         "chat64": [chat(source, s.chat_requests, s.chat_words, s.chat_new, seed)],
-        "prefix": [shared_prefix(source, tokenizer, s.prefix_requests, s.prefix_len,
-                                 s.prefix_new, s.prefix_concurrency, seed)],
-        "sweep": sweep(source, s.sweep_requests, s.sweep_prompt, s.sweep_new, levels, seed,
-                       rate),
+        "prefix": [
+            shared_prefix(
+                source,
+                tokenizer,
+                s.prefix_requests,
+                s.prefix_len,
+                s.prefix_new,
+                s.prefix_concurrency,
+                seed,
+            )
+        ],
+        "sweep": sweep(source, s.sweep_requests, s.sweep_prompt, s.sweep_new, levels, seed, rate),
     }
     return [w for name in WORKLOAD_NAMES if name in names for w in built[name]]

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-DTYPES = ("bfloat16", "float16", "float32")
+import torch
+
+# The dtypes a model may run in, by the name every flag and variable uses.
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 BATCHING_MODES = ("static", "continuous")
 DEFAULT_KV_CACHE_GB = 0.75  # today's 16 rows x 2048 tokens of the default model, in bf16
 
@@ -40,12 +43,12 @@ class EngineConfig:
     """
 
     model: str = "default"
-    dtype: str = "bfloat16"
+    dtype: str = field(default="bfloat16", metadata={"choices": tuple(DTYPES)})
     device: str = "cpu"
     max_seq_len: int = 2048
     max_batch_size: int = 64
     max_waiting_requests: int = 64
-    batching_mode: str = "continuous"
+    batching_mode: str = field(default="continuous", metadata={"choices": BATCHING_MODES})
     batch_wait_timeout_s: float = 0.05
     prefill_token_budget: int = 1024
     block_size: int = 16
@@ -56,7 +59,7 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+            raise ValueError(f"dtype must be one of {tuple(DTYPES)}, got {self.dtype!r}")
         if self.batching_mode not in BATCHING_MODES:
             raise ValueError(
                 f"batching_mode must be one of {BATCHING_MODES}, got {self.batching_mode!r}"
@@ -83,12 +86,14 @@ class EngineConfig:
         """
         per_seq = -(-self.max_seq_len // self.block_size)
         if self.kv_cache_gb is None:
-            blocks = min(int(DEFAULT_KV_CACHE_GB * 1e9) // bytes_per_block,
-                         per_seq * self.max_batch_size)
+            blocks = min(
+                int(DEFAULT_KV_CACHE_GB * 1e9) // bytes_per_block, per_seq * self.max_batch_size
+            )
         else:
             blocks = int(self.kv_cache_gb * 1e9) // bytes_per_block
         if blocks < per_seq:
             raise ValueError(
                 f"kv_cache_gb: the KV cache holds {blocks * self.block_size} tokens, fewer "
-                f"than one request of max_seq_len ({self.max_seq_len}) needs")
+                f"than one request of max_seq_len ({self.max_seq_len}) needs"
+            )
         return blocks

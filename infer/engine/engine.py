@@ -7,6 +7,7 @@ Synchronous and single-threaded: the server calls every method from its one engi
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 import random
 import time
@@ -17,23 +18,28 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from infer.engine.block_manager import BlockManager
-from infer.engine.config import EngineConfig
+from infer.engine.config import DTYPES, EngineConfig
 from infer.engine.detokenizer import IncrementalDetokenizer
 from infer.engine.logits import process_logits
+from infer.engine.prompts import encode_prompt
 from infer.engine.request import (
+    ErrorCode,
     FinishReason,
+    Logprobs,
     Request,
     RequestStatus,
     StepOutput,
     TraceSpec,
 )
 from infer.engine.runner import ModelRunner, RunnerOutput
-from infer.engine.sampler import SamplingParams, make_generator, sample, token_logprobs
-from infer.engine.scheduler import Scheduler, SchedulerOutput, make_scheduler
+from infer.engine.sampler import make_generator, sample, token_logprobs
+from infer.engine.sampling import SamplingParams
+from infer.engine.scheduler import Clock, Scheduler, SchedulerOutput, make_scheduler
 from infer.models.base import CausalLM
+from infer.models.context import AttnCapture
 from infer.models.kv_cache import PagedKVCache
 
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+log = logging.getLogger("infer.engine")
 
 
 class QueueFullError(Exception):
@@ -50,6 +56,7 @@ class Engine:
         tokenizer: PreTrainedTokenizerBase,
         eos_token_ids: Sequence[int] = (),
         model_name: str = "model",
+        clock: Clock = time.monotonic,
     ) -> None:
         self.config = config
         self.model = model
@@ -57,12 +64,13 @@ class Engine:
         self.eos_token_ids = frozenset(eos_token_ids)
         self.model_name = model_name
         block_bytes = PagedKVCache.bytes_per_block(model.config, config.block_size, model.dtype)
-        self.blocks = BlockManager(config.num_kv_blocks(block_bytes), config.block_size,
-                                   config.prefix_caching)
-        self.scheduler: Scheduler = make_scheduler(config, self.blocks)
+        self.blocks = BlockManager(
+            config.num_kv_blocks(block_bytes), config.block_size, config.prefix_caching
+        )
+        self.scheduler: Scheduler = make_scheduler(config, self.blocks, clock)
         self.runner = ModelRunner(model, config, self.blocks)
         self._ids = itertools.count()
-        self._aborts: list[str] = []
+        self._aborts: list[tuple[str, ErrorCode]] = []
         # With an engine seed, requests that bring none still sample reproducibly.
         self._seeds = random.Random(config.seed) if config.seed is not None else None
 
@@ -106,7 +114,7 @@ class Engine:
                 ``max_new_tokens`` exceeds ``max_seq_len``; a trace names a missing layer.
             QueueFullError: Too many requests are waiting.
         """
-        ids = self.encode(prompt)
+        ids = encode_prompt(self.tokenizer, self.model.config.vocab_size, prompt)
         self.check_length(len(ids), params.max_new_tokens)
         n_layers = self.model.config.num_hidden_layers
         if trace is not None and trace.layer is not None and not 0 <= trace.layer < n_layers:
@@ -121,19 +129,6 @@ class Engine:
             raise QueueFullError(f"{self.config.max_waiting_requests} requests already waiting")
         return request
 
-    def encode(self, prompt: str | Sequence[int]) -> list[int]:
-        """Token ids of a prompt (a string is tokenized with special tokens as written)."""
-        if isinstance(prompt, str):
-            ids = self.tokenizer.encode(prompt, add_special_tokens=False) if prompt else []
-        else:
-            ids = list(prompt)
-            vocab = self.model.config.vocab_size
-            if any(not isinstance(i, int) or not 0 <= i < vocab for i in ids):
-                raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
-        if not ids:
-            raise ValueError("prompt is empty")
-        return ids
-
     def check_length(self, prompt_len: int, max_new_tokens: int) -> None:
         """Raise ``ValueError`` if the request cannot fit in ``max_seq_len``."""
         if prompt_len + max_new_tokens > self.config.max_seq_len:
@@ -142,9 +137,10 @@ class Engine:
                 f"max_seq_len ({self.config.max_seq_len})"
             )
 
-    def abort(self, request_id: str) -> None:
-        """End a request at the next step and free its slot; unknown or finished ids are ignored."""
-        self._aborts.append(request_id)
+    def abort(self, request_id: str, why: ErrorCode = ErrorCode.CANCELLED) -> None:
+        """End a request at the next step (its last output says ``why``) and free its slot;
+        unknown or finished ids are ignored."""
+        self._aborts.append((request_id, why))
 
     def has_work(self) -> bool:
         return self.scheduler.has_work() or bool(self._aborts)
@@ -160,6 +156,21 @@ class Engine:
     @property
     def num_waiting(self) -> int:
         return len(self.scheduler.waiting)
+
+    def attention_matrix(self, ids: Sequence[int], layer: int, head: int) -> torch.Tensor:
+        """One head's attention probabilities over a whole prompt (no KV cache is touched).
+
+        Returns:
+            ``[T, T]`` float32: row i is query token i's weights over keys ``0..T-1`` (zero
+            above the diagonal).
+        """
+        model = self.model
+        with torch.inference_mode():
+            input_ids = torch.tensor([list(ids)], device=model.device)
+            positions = torch.arange(len(ids), device=model.device).unsqueeze(0)  # [1, T]
+            out = model(input_ids, positions, capture=AttnCapture(frozenset({layer})))
+        assert out.attn is not None  # a capture was given
+        return out.attn[layer][0, head].float().cpu()
 
     def cache_stats(self) -> dict[str, int]:
         """KV cache counters for ``/metrics`` (plain ints: safe to read from another thread)."""
@@ -195,8 +206,7 @@ class Engine:
                 [r.generator for r in requests],
                 [r.history if penalized else () for r in requests],
             )
-            top_k = max(max(r.params.logprobs, r.trace.top_k if r.trace else 0)
-                        for r in requests)
+            top_k = max(max(r.params.logprobs, r.trace.top_k if r.trace else 0) for r in requests)
             wanted = any(r.params.logprobs or r.trace for r in requests)
             lps = token_logprobs(logits, tokens, top_k) if wanted else None
         except Exception as e:  # noqa: BLE001 - a batch-wide failure fails the batch
@@ -208,7 +218,11 @@ class Engine:
                 if lps is not None:
                     chosen, top = lps[i]
                     if req.params.logprobs:
-                        out.logprob, out.top_logprobs = chosen, top[: req.params.logprobs]
+                        out.logprobs = Logprobs(
+                            self._text(token),
+                            chosen,
+                            [(self._text(t), lp) for t, lp in top[: req.params.logprobs]],
+                        )
                     if req.trace is not None:
                         attn = result.attn.get(req.request_id)
                         out.trace = self._trace(req.trace, logits[i], top, attn)
@@ -237,7 +251,9 @@ class Engine:
         if reason is not None:
             req.finish(RequestStatus.FINISHED, reason)
             self._release(req)
-        return self._output(req, token, delta)
+        out = self._output(req, token, delta)
+        req.text_len += len(delta)
+        return out
 
     def _trace(
         self,
@@ -252,20 +268,23 @@ class Engine:
         return {
             "entropy": entropy,
             "topk": [
-                {"token_id": t, "token": self.tokenizer.decode([t]), "prob": math.exp(lp)}
+                {"token_id": t, "token": self._text(t), "prob": math.exp(lp)}
                 for t, lp in top[: spec.top_k]
             ],
             "attn": attn.tolist() if attn is not None else None,
         }
 
+    def _text(self, token: int) -> str:
+        return str(self.tokenizer.decode([token]))
+
     def _apply_aborts(self) -> list[StepOutput]:
         outputs = []
         aborts, self._aborts = self._aborts, []
-        for request_id in aborts:
+        for request_id, why in aborts:
             req = self.scheduler.find(request_id)
             if req is None or req.is_finished:
                 continue
-            req.finish(RequestStatus.ABORTED, FinishReason.ABORT)
+            req.finish(RequestStatus.ABORTED, why)
             self._release(req)
             outputs.append(self._output(req, None, ""))
         return outputs
@@ -274,13 +293,17 @@ class Engine:
         return self._fail_requests([c.request for c in plan.prefill] + plan.decode, error)
 
     def _fail_requests(self, requests: list[Request], error: Exception) -> list[StepOutput]:
-        """End ``requests`` with an error output (also one already finished this step)."""
+        """End ``requests`` with an error output (also one already finished this step).
+
+        The exception is logged here; the output carries only its code, whose message is
+        safe to show (an exception's text may name files, weights or internals).
+        """
         oom = isinstance(error, (torch.OutOfMemoryError, MemoryError))
-        code = "OUT_OF_MEMORY" if oom else "INFERENCE_FAILED"
-        message = f"{type(error).__name__}: {error}".splitlines()[0][:300]
+        code = ErrorCode.OUT_OF_MEMORY if oom else ErrorCode.INFERENCE_FAILED
+        log.error("%s for %s", code.name, ", ".join(r.request_id for r in requests), exc_info=error)
         outputs = []
         for req in requests:
-            req.finish(RequestStatus.FAILED, FinishReason.ERROR, message, code)
+            req.finish(RequestStatus.FAILED, code)
             self._release(req)
             outputs.append(self._output(req, None, ""))
         return outputs
@@ -293,11 +316,9 @@ class Engine:
             request_id=req.request_id,
             token_id=token,
             text_delta=delta,
-            finished=req.is_finished,
-            finish_reason=req.finish_reason.value if req.finish_reason else None,
-            error=req.error,
-            error_code=req.error_code,
+            outcome=req.outcome,
             prompt_tokens=req.prompt_len,
             completion_tokens=len(req.output_ids),
+            num_tokens=int(token is not None),
+            text_offset=req.text_len,
         )
-

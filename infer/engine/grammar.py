@@ -53,7 +53,7 @@ class GrammarState:
         A token the matcher refuses can only come from outside the mask (``ignore_eos``
         past the end); it is skipped, and the mask stays that of the accepted prefix.
         """
-        for token in output_ids[self.consumed:]:
+        for token in output_ids[self.consumed :]:
             if not self.matcher.is_terminated():
                 self.matcher.accept_token(token)
         self.consumed = len(output_ids)
@@ -77,10 +77,12 @@ class GrammarCompiler:
         stop_token_ids: Tokens that end a request (EOS); allowed once the JSON is complete.
     """
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, vocab_size: int,
-                 stop_token_ids: Sequence[int]) -> None:
+    def __init__(
+        self, tokenizer: PreTrainedTokenizerBase, vocab_size: int, stop_token_ids: Sequence[int]
+    ) -> None:
         info = xgr.TokenizerInfo.from_huggingface(
-            tokenizer, vocab_size=vocab_size, stop_token_ids=list(stop_token_ids) or None)
+            tokenizer, vocab_size=vocab_size, stop_token_ids=list(stop_token_ids) or None
+        )
         self._compiler = xgr.GrammarCompiler(info, max_threads=1)
         self._lock = threading.Lock()
 
@@ -97,8 +99,9 @@ class GrammarCompiler:
         try:
             text = json.dumps(schema)
             with self._lock:
-                compiled = self._compiler.compile_json_schema(text, any_whitespace=False,
-                                                              strict_mode=True)
+                compiled = self._compiler.compile_json_schema(
+                    text, any_whitespace=False, strict_mode=True
+                )
         except Exception as e:  # noqa: BLE001 - xgrammar raises several types
             message = str(e).splitlines()[0][:300] if str(e) else type(e).__name__
             raise GrammarError(f"cannot compile the JSON schema: {message}") from None

@@ -19,13 +19,17 @@ from torch import Tensor
 
 from infer.engine.grammar import allocate_bitmask, apply_bitmask
 from infer.engine.request import Request
-from infer.engine.sampler import SamplingParams
+from infer.engine.sampling import SamplingParams
 
 
 def needs_processing(params: SamplingParams) -> bool:
     """Whether a request uses any part of this step."""
-    return bool(params.presence_penalty or params.frequency_penalty or params.logit_bias
-                or params.grammar is not None)
+    return bool(
+        params.presence_penalty
+        or params.frequency_penalty
+        or params.logit_bias
+        or params.grammar is not None
+    )
 
 
 def process_logits(logits: Tensor, requests: Sequence[Request]) -> Tensor:
@@ -60,8 +64,9 @@ def apply_logit_bias(logits: Tensor, biases: Sequence[dict[int, float]]) -> None
     if not rows:
         return
     index = (torch.tensor(rows, device=logits.device), torch.tensor(cols, device=logits.device))
-    logits.index_put_(index, torch.tensor(values, dtype=logits.dtype, device=logits.device),
-                      accumulate=True)
+    logits.index_put_(
+        index, torch.tensor(values, dtype=logits.dtype, device=logits.device), accumulate=True
+    )
 
 
 def apply_penalties(logits: Tensor, requests: Sequence[Request]) -> None:
@@ -70,8 +75,11 @@ def apply_penalties(logits: Tensor, requests: Sequence[Request]) -> None:
     ``logit[t] -= count[t] * frequency_penalty + (count[t] > 0) * presence_penalty``, where
     ``count[t]`` is how often the request has generated ``t`` (its prompt does not count).
     """
-    rows = [i for i, r in enumerate(requests)
-            if (r.params.presence_penalty or r.params.frequency_penalty) and r.output_ids]
+    rows = [
+        i
+        for i, r in enumerate(requests)
+        if (r.params.presence_penalty or r.params.frequency_penalty) and r.output_ids
+    ]
     if not rows:
         return
     vocab = logits.shape[1]
@@ -83,8 +91,7 @@ def apply_penalties(logits: Tensor, requests: Sequence[Request]) -> None:
     logits.index_add_(0, index, -penalty)
 
 
-def output_counts(outputs: Sequence[Sequence[int]], vocab: int,
-                  device: torch.device) -> Tensor:
+def output_counts(outputs: Sequence[Sequence[int]], vocab: int, device: torch.device) -> Tensor:
     """``[R, V]`` float32 counts of each token in each row's output ids (ids past V dropped)."""
     longest = max(len(ids) for ids in outputs)
     padded = torch.full((len(outputs), longest), vocab, dtype=torch.long)  # pad: column V

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from infer.engine.detokenizer import IncrementalDetokenizer
-from infer.engine.sampler import SamplingParams
+from infer.engine.sampling import SamplingParams
 
 if TYPE_CHECKING:
     from infer.engine.grammar import GrammarState
@@ -32,11 +32,93 @@ class RequestStatus(IntEnum):
 
 
 class FinishReason(StrEnum):
+    """How a request ended normally."""
+
     STOP = "stop"  # a stop string matched
     EOS = "eos"  # the model produced an end-of-sequence token
-    LENGTH = "length"  # max_new_tokens (or the server's time limit) reached
-    ABORT = "abort"  # the client went away or the server cancelled it
-    ERROR = "error"  # the forward failed
+    LENGTH = "length"  # max_new_tokens reached
+
+
+class ErrorCode(StrEnum):
+    """Every error a client can see, and how it is answered: one place for all of them.
+
+    Each member is its stable wire code (JSON error bodies carry the value, native stream
+    events the name), its HTTP status, whether a retry may succeed (retryable 503s carry
+    ``Retry-After``), and the message it carries unless a more specific one is given. A
+    request that fails after it started ends with one of these instead of a
+    :class:`FinishReason`; the ones before that are refusals at the HTTP edge.
+    """
+
+    status: int
+    retryable: bool
+    message: str
+
+    def __new__(cls, value: str, status: int, retryable: bool, message: str) -> ErrorCode:
+        member = str.__new__(cls, value)
+        member._value_ = value
+        member.status, member.retryable, member.message = status, retryable, message
+        return member
+
+    # The end of a request that had started.
+    CANCELLED = "cancelled", 503, True, "the request was cancelled (the server is shutting down)"
+    TIMEOUT = "timeout", 504, False, "the request reached its time limit"
+    OUT_OF_MEMORY = "out_of_memory", 503, True, "out of memory; retry later"
+    INFERENCE_FAILED = "inference_failed", 500, False, "inference failed"
+    INVALID_REQUEST = "invalid_request", 422, False, "the engine refused the request"
+    OVERLOADED = "overloaded", 503, True, "the server is overloaded; retry shortly"
+    SUPERSEDED = "superseded", 409, False, "another connection resumed this request"
+    # Refusals before a request starts.
+    INVALID_JSON = "invalid_json", 400, False, "malformed JSON body"
+    EMPTY_PROMPT = "empty_prompt", 400, False, "prompt is empty"
+    INVALID_LAST_EVENT_ID = (
+        "invalid_last_event_id",
+        400,
+        False,
+        "Last-Event-ID must be an event id (an integer >= 0)",
+    )
+    INVALID_API_KEY = (
+        "invalid_api_key",
+        401,
+        False,
+        "a valid API key is required (Authorization: Bearer <key>)",
+    )
+    ORIGIN_NOT_ALLOWED = "origin_not_allowed", 403, False, "this origin is not allowed"
+    NOT_FOUND = "not_found", 404, False, "no such route"
+    METHOD_NOT_ALLOWED = "method_not_allowed", 405, False, "method not allowed"
+    REQUEST_TIMEOUT = "request_timeout", 408, False, "the request took too long to arrive"
+    REQUEST_ID_CONFLICT = (
+        "request_id_conflict",
+        409,
+        False,
+        "this request_id is in use by another request",
+    )
+    BODY_TOO_LARGE = "body_too_large", 413, False, "the request body is too large"
+    PROMPT_TOO_LARGE = "prompt_too_large", 413, False, "the prompt is too large"
+    INVALID_VALUE = "invalid_value", 422, False, "a field has an invalid value"
+    INVALID_MESSAGES = "invalid_messages", 422, False, "the chat template refused the messages"
+    INVALID_SCHEMA = "invalid_schema", 422, False, "the JSON schema cannot be compiled"
+    NO_CHAT_TEMPLATE = "no_chat_template", 422, False, "the model has no chat template"
+    CONTEXT_LENGTH_EXCEEDED = (
+        "context_length_exceeded",
+        422,
+        False,
+        "prompt + max_tokens exceed the context length",
+    )
+    MODEL_NOT_FOUND = "model_not_found", 422, False, "that model is not served here"
+    TOOLS_UNSUPPORTED = "tools_unsupported", 422, False, "tool calls are not supported"
+    RATE_LIMITED = "rate_limited", 429, True, "rate limit exceeded"
+    INTERNAL_ERROR = "internal_error", 500, False, "internal server error"
+    QUEUE_FULL = "queue_full", 503, True, "the server is busy; retry shortly"
+    NOT_READY = "not_ready", 503, True, "the model is still loading"
+    SHUTTING_DOWN = "shutting_down", 503, True, "the server is shutting down"
+
+    @property
+    def finish_reason(self) -> str:
+        """What a request that ends this way counts as in ``infer_requests_total``, and, for a
+        timeout, the ``finish_reason`` an OpenAI response reports instead of an error."""
+        if self is ErrorCode.CANCELLED:
+            return "abort"
+        return "length" if self is ErrorCode.TIMEOUT else "error"
 
 
 @dataclass
@@ -59,11 +141,10 @@ class Request:
 
     status: RequestStatus = RequestStatus.WAITING
     output_ids: list[int] = field(default_factory=list)
-    finish_reason: FinishReason | None = None
-    error: str | None = None
-    error_code: str | None = None
+    outcome: FinishReason | ErrorCode | None = None  # set once it has finished
     generator: torch.Generator | None = None
     detokenizer: IncrementalDetokenizer | None = None
+    text_len: int = 0  # characters of text sent so far
     num_cached: int = 0  # tokens of this request already in the KV cache
     prefill_len: int = 0  # tokens to prefill before decoding (prompt + output if preempted)
     first_token_time: float | None = None
@@ -88,32 +169,40 @@ class Request:
     def is_finished(self) -> bool:
         return self.status.is_finished
 
-
-    def finish(
-        self,
-        status: RequestStatus,
-        reason: FinishReason,
-        error: str | None = None,
-        error_code: str | None = None,
-    ) -> None:
-        self.status, self.finish_reason = status, reason
-        self.error, self.error_code = error, error_code
+    def finish(self, status: RequestStatus, outcome: FinishReason | ErrorCode) -> None:
+        self.status, self.outcome = status, outcome
         self.finish_time = time.monotonic()
 
 
 @dataclass
+class Logprobs:
+    """A generated token's log-probability and its likeliest alternatives, with their text."""
+
+    token: str
+    logprob: float
+    top: list[tuple[str, float]]  # most likely first
+
+
+@dataclass
 class StepOutput:
-    """What one step produced for one request (a token, or the end, or both)."""
+    """What one step produced for one request: a token, or the end, or both.
+
+    Outputs a slow reader has not taken yet may be merged into one (see the server's
+    stream); ``num_tokens`` then counts the tokens it stands for.
+    """
 
     request_id: str
     token_id: int | None
     text_delta: str
-    finished: bool
-    finish_reason: str | None = None
-    error: str | None = None
-    error_code: str | None = None  # OUT_OF_MEMORY, INFERENCE_FAILED, ...
+    outcome: FinishReason | ErrorCode | None = None  # set on the last output only
+    message: str | None = None  # an error's client-safe detail (else the code's message)
     prompt_tokens: int = 0
     completion_tokens: int = 0
-    logprob: float | None = None
-    top_logprobs: list[tuple[int, float]] | None = None
+    num_tokens: int = 0  # tokens this output stands for
+    text_offset: int = 0  # characters of the request's text before this delta
+    logprobs: Logprobs | None = None
     trace: dict[str, Any] | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.outcome is not None

@@ -17,8 +17,8 @@ from infer.engine.config import EngineConfig
 from infer.engine.request import Request
 from infer.engine.scheduler import SchedulerOutput
 from infer.models.base import CausalLM
+from infer.models.context import AttnCapture, SequenceSlice, paged_context
 from infer.models.kv_cache import PagedKVCache
-from infer.models.layers import AttnCapture, PagedContext, PrefillSpan
 
 
 @dataclass
@@ -50,43 +50,22 @@ class ModelRunner:
         """
         decode, chunks = plan.decode, plan.prefill
         seqs = [*decode, *(c.request for c in chunks)]
-        tables = [self.blocks.table(r.request_id) for r in seqs]
-        size, nd = self.blocks.block_size, len(decode)
-        ids, positions, slots, ends, last = [], [], [], [], []
-        for r, table in zip(decode, tables, strict=False):
-            ids.append(r.output_ids[-1])
-            positions.append(r.num_cached)
-            slots.append(table[r.num_cached // size] * size + r.num_cached % size)
-            ends.append(r.num_cached + 1)
-            last.append(len(ids) - 1)
-        spans: list[PrefillSpan] = []
-        for c, table in zip(chunks, tables[nd:], strict=True):
-            spans.append(PrefillSpan(len(ids), c.length, c.start))
+        nd = len(decode)
+        ids = [r.output_ids[-1] for r in decode]
+        slices = [SequenceSlice(self.blocks.table(r.request_id), r.num_cached, 1) for r in decode]
+        for c in chunks:
             ids += c.request.token_ids[c.start : c.start + c.length]
-            span_positions = range(c.start, c.start + c.length)
-            positions += span_positions
-            slots += [table[p // size] * size + p % size for p in span_positions]
-            ends.append(c.start + c.length)
-            last.append(len(ids) - 1)
+            slices.append(SequenceSlice(self.blocks.table(c.request.request_id), c.start, c.length))
         device = self.model.device
-        width = max((len(t) for t in tables[:nd]), default=0)
-        ctx = PagedContext(
-            cache=self.cache,
-            slots=torch.tensor(slots, device=device),
-            num_decode=nd,
-            block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables[:nd]],
-                                      dtype=torch.int32, device=device).reshape(nd, width),
-            seq_lens=torch.tensor(ends[:nd], dtype=torch.int32, device=device),
-            spans=spans,
-            seq_blocks=[torch.tensor(t, device=device) for t in tables],
-            seq_ends=ends,
-            last_token=last,
-            capture=_capture_for(seqs),
-        )
+        ctx, positions = paged_context(self.cache, slices, nd, device, _capture_for(seqs))
+        last = ctx.last_token
         finishing = list(range(nd)) + [nd + i for i, c in enumerate(chunks) if c.completes_prompt]
         out = self.model.forward_paged(
-            torch.tensor(ids, device=device), torch.tensor(positions, device=device), ctx,
-            torch.tensor([last[i] for i in finishing], device=device, dtype=torch.long))
+            torch.tensor(ids, device=device),
+            positions,
+            ctx,
+            torch.tensor([last[i] for i in finishing], device=device, dtype=torch.long),
+        )
         for r in decode:
             r.num_cached += 1
         for c in chunks:
@@ -95,6 +74,7 @@ class ModelRunner:
             self.blocks.commit(r.request_id, r.token_ids, r.num_cached)
         requests = [seqs[i] for i in finishing]
         return RunnerOutput(requests, out.logits, _trace_rows(requests, out.attn, finishing))
+
 
 def _capture_for(requests: list[Request]) -> AttnCapture | None:
     layers = frozenset(
@@ -116,7 +96,6 @@ def _trace_rows(
     return rows
 
 
-
 def forward_sequence(
     model: CausalLM, cache: PagedKVCache, table: list[int], ids: list[int], start: int
 ) -> Tensor:
@@ -128,24 +107,15 @@ def forward_sequence(
     Returns:
         ``[V]`` float32 logits of the last token.
     """
-    device, size, n = model.device, cache.block_size, len(ids)
-    positions = list(range(start, start + n))
+    n = len(ids)
     decode = n == 1 and start > 0
-    span = PrefillSpan(0, n, start)
-    ctx = PagedContext(
-        cache=cache,
-        slots=torch.tensor([table[p // size] * size + p % size for p in positions],
-                           device=device),
-        num_decode=1 if decode else 0,
-        block_tables=torch.tensor([table] if decode else [], dtype=torch.int32,
-                                  device=device).reshape(int(decode), -1 if decode else 0),
-        seq_lens=torch.tensor([start + n] if decode else [], dtype=torch.int32, device=device),
-        spans=[] if decode else [span],
-        seq_blocks=[torch.tensor(table, device=device)],
-        seq_ends=[start + n],
-        last_token=[n - 1],
+    ctx, positions = paged_context(
+        cache, [SequenceSlice(table, start, n)], int(decode), model.device
     )
-    out = model.forward_paged(torch.tensor(ids, device=device),
-                              torch.tensor(positions, device=device), ctx,
-                              torch.tensor([n - 1], device=device))
+    out = model.forward_paged(
+        torch.tensor(ids, device=model.device),
+        positions,
+        ctx,
+        torch.tensor([n - 1], device=model.device),
+    )
     return out.logits[0]

@@ -1,4 +1,4 @@
-"""Per-request sampling parameters and batched next-token sampling.
+"""Batched next-token sampling, each row by its own :class:`SamplingParams`.
 
 The engine calls :func:`sample` once per step on the ``[B, V]`` logits of the last
 position of every running sequence. Each row is processed with its own parameters,
@@ -9,125 +9,18 @@ case) is one ``argmax``.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 import torch
 from torch import Tensor
 
 from infer import kernels
+from infer.engine.sampling import SamplingParams
 
-MAX_STOP_STRINGS = 8
-MAX_LOGPROBS = 20
-MAX_TEMPERATURE = 100.0
-# torch.Generator.manual_seed accepts any value that fits in 64 bits, signed or not.
-_SEED_RANGE = (-(2**63), 2**64 - 1)
 # Top-p first looks for its nucleus among this many most likely tokens.
 _NUCLEUS_CANDIDATES = 256
-MAX_PENALTY = 2.0  # presence and frequency penalties, as OpenAI bounds them
-MAX_LOGIT_BIAS = 100.0
 _FLOAT32_MAX = float(torch.finfo(torch.float32).max)
-
-if TYPE_CHECKING:
-    from infer.engine.grammar import Grammar
-
-
-@dataclass
-class SamplingParams:
-    """How one request picks its tokens and when it stops.
-
-    Args:
-        max_new_tokens: Most tokens to generate (>= 1).
-        temperature: Softmax temperature in ``[0, 100]``; 0 means greedy (argmax).
-        top_p: Nucleus sampling: keep the smallest set of tokens whose probability
-            mass reaches ``top_p``; in ``(0, 1]``, 1 disables it.
-        top_k: Keep only the ``top_k`` most likely tokens; 0 disables it.
-        repetition_penalty: Hugging Face style penalty (> 0) on every token already
-            seen in the prompt or the output; 1 disables it.
-        stop: Up to 8 non-empty strings; generation ends before the first of them.
-        seed: Seed of this request's own generator; ``None`` uses the global RNG.
-        ignore_eos: Keep generating past the end-of-sequence token.
-        logprobs: How many top log-probabilities to report per token (0 to 20).
-        presence_penalty: OpenAI's: subtracted once from the logit of every token already
-            generated; in ``[-2, 2]``.
-        frequency_penalty: OpenAI's: subtracted from a token's logit once per time it was
-            generated; in ``[-2, 2]``.
-        logit_bias: Token id -> value in ``[-100, 100]`` added to its logit (-100 bans it,
-            +100 all but forces it).
-        grammar: Constrains the output to a grammar (structured output); ``None``: free.
-
-    Raises:
-        ValueError: A field is out of range; the message names the field.
-    """
-
-    max_new_tokens: int = 256
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    repetition_penalty: float = 1.0
-    stop: list[str] = field(default_factory=list)
-    seed: int | None = None
-    ignore_eos: bool = False
-    logprobs: int = 0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    logit_bias: dict[int, float] = field(default_factory=dict)
-    grammar: Grammar | None = None
-
-    def __post_init__(self) -> None:
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        # Written as `not (lo <= x <= hi)` so that NaN is rejected too.
-        if not (0.0 <= self.temperature <= MAX_TEMPERATURE):
-            raise ValueError(
-                f"temperature must be in [0, {MAX_TEMPERATURE:g}], got {self.temperature}"
-            )
-        if not (0.0 < self.top_p <= 1.0):
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
-        if not (self.repetition_penalty > 0 and math.isfinite(self.repetition_penalty)):
-            raise ValueError(
-                f"repetition_penalty must be a finite number > 0, got {self.repetition_penalty}"
-            )
-        if not (0 <= self.logprobs <= MAX_LOGPROBS):
-            raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
-        if self.seed is not None and not (_SEED_RANGE[0] <= self.seed <= _SEED_RANGE[1]):
-            raise ValueError(f"seed must fit in 64 bits, got {self.seed}")
-        self._check_stop()
-        self._check_openai_penalties()
-
-    def _check_openai_penalties(self) -> None:
-        for name in ("presence_penalty", "frequency_penalty"):
-            value = getattr(self, name)
-            if not (-MAX_PENALTY <= value <= MAX_PENALTY):
-                raise ValueError(f"{name} must be in [-{MAX_PENALTY:g}, {MAX_PENALTY:g}], "
-                                 f"got {value}")
-        for token, bias in self.logit_bias.items():
-            if not isinstance(token, int) or token < 0:
-                raise ValueError(f"logit_bias keys must be token ids >= 0, got {token!r}")
-            if not (-MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS):
-                raise ValueError(f"logit_bias values must be in [-{MAX_LOGIT_BIAS:g}, "
-                                 f"{MAX_LOGIT_BIAS:g}], got {bias} for token {token}")
-
-    def _check_stop(self) -> None:
-        if isinstance(self.stop, str) or not isinstance(self.stop, list | tuple):
-            raise ValueError(f"stop must be a list of strings, got {type(self.stop).__name__}")
-        if len(self.stop) > MAX_STOP_STRINGS:
-            raise ValueError(
-                f"stop allows at most {MAX_STOP_STRINGS} strings, got {len(self.stop)}"
-            )
-        for s in self.stop:
-            if not isinstance(s, str) or not s:
-                raise ValueError(f"stop strings must be non-empty strings, got {s!r}")
-        self.stop = list(self.stop)
-
-    @property
-    def greedy(self) -> bool:
-        """Whether this request takes the argmax instead of sampling."""
-        return self.temperature == 0.0
 
 
 def make_generator(seed: int | None, device: str | torch.device = "cpu") -> torch.Generator | None:
@@ -173,40 +66,6 @@ def apply_repetition_penalty(logits: Tensor, history: Sequence[int], penalty: fl
     return out
 
 
-def apply_top_k(logits: Tensor, k: int) -> Tensor:
-    """Keep exactly the ``k`` largest logits and set the rest to ``-inf``.
-
-    Args:
-        logits: ``[V]`` float logits of one row.
-        k: How many to keep; 0 or ``k >= V`` returns ``logits`` unchanged.
-
-    Returns:
-        The masked ``[V]`` logits.
-    """
-    if k <= 0 or k >= logits.shape[-1]:
-        return logits
-    top = torch.topk(logits, k)
-    # Scatter instead of thresholding at the k-th value, so ties never keep more than k.
-    out = torch.full_like(logits, -math.inf)
-    return out.scatter_(-1, top.indices, top.values)
-
-
-def apply_top_p(logits: Tensor, p: float) -> Tensor:
-    """Keep the smallest set of most likely tokens whose probability mass reaches ``p``.
-
-    Args:
-        logits: ``[V]`` float logits of one row (already temperature scaled).
-        p: Mass to keep, in ``(0, 1]``; 1 returns ``logits`` unchanged.
-
-    Returns:
-        The masked ``[V]`` logits; the most likely token is always kept.
-    """
-    if p >= 1.0:
-        return logits
-    _, ids = _nucleus(torch.softmax(logits, dim=-1), p)
-    return torch.full_like(logits, -math.inf).scatter_(-1, ids, logits[ids])
-
-
 def _nucleus(probs: Tensor, p: float) -> tuple[Tensor, Tensor]:
     """The tokens top-p keeps: ``(probs [n], ids [n])``, most likely first.
 
@@ -247,31 +106,6 @@ def _candidates(
     if params.top_p < 1.0:
         return _nucleus(probs, params.top_p)
     return probs, None
-
-
-def sampling_probs(logits: Tensor, params: SamplingParams, history: Sequence[int]) -> Tensor:
-    """The distribution one sampling row draws from.
-
-    Applies, in order: repetition penalty, temperature, top-k, top-p.
-
-    Args:
-        logits: ``[V]`` float32 logits of one row.
-        params: The row's parameters; ``temperature`` must be > 0.
-        history: The row's prompt + generated ids.
-
-    Returns:
-        ``[V]`` probabilities summing to 1 (0 for masked tokens).
-
-    Raises:
-        ValueError: ``params`` is greedy (there is no distribution to draw from).
-    """
-    if params.greedy:
-        raise ValueError("sampling_probs needs temperature > 0")
-    weights, ids = _candidates(logits, params, history)
-    weights = weights / weights.sum()
-    if ids is None:
-        return weights
-    return torch.zeros_like(logits).scatter_(-1, ids, weights)
 
 
 def _draw(weights: Tensor, generator: torch.Generator | None) -> int:

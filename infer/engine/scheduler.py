@@ -18,11 +18,14 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from infer.engine.block_manager import BlockManager
 from infer.engine.config import EngineConfig
 from infer.engine.request import Request, RequestStatus
+
+Clock = Callable[[], float]  # monotonic seconds
 
 
 @dataclass
@@ -55,14 +58,22 @@ class Scheduler(ABC):
         config: Batch limits and budgets.
         blocks: The KV cache's blocks (default: enough for ``max_batch_size`` requests of
             ``max_seq_len`` tokens, for tests without a model).
+        clock: Monotonic seconds (the static policy's batch wait reads it).
     """
 
-    def __init__(self, config: EngineConfig, blocks: BlockManager | None = None) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        blocks: BlockManager | None = None,
+        clock: Clock = time.monotonic,
+    ) -> None:
         self.config = config
+        self.clock = clock
         if blocks is None:
             size = config.block_size
-            blocks = BlockManager(config.max_batch_size * -(-config.max_seq_len // size), size,
-                                  config.prefix_caching)
+            blocks = BlockManager(
+                config.max_batch_size * -(-config.max_seq_len // size), size, config.prefix_caching
+            )
         self.blocks = blocks
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -124,8 +135,9 @@ class Scheduler(ABC):
 
     def _backlog(self) -> int:
         """Prompt tokens that running requests still have to prefill."""
-        return sum(r.prefill_len - r.num_cached for r in self.running
-                   if r.status == RequestStatus.PREFILL)
+        return sum(
+            r.prefill_len - r.num_cached for r in self.running if r.status == RequestStatus.PREFILL
+        )
 
     def _decodes(self) -> list[Request]:
         """Running requests past their prompt, each with room for one more token."""
@@ -153,8 +165,9 @@ class Scheduler(ABC):
     def _chunk(self, req: Request, budget: int) -> PrefillChunk | None:
         """The next chunk of a prompt that fits the budget and the free blocks, or None."""
         length = min(req.prefill_len - req.num_cached, budget)
-        room = (len(self.blocks.table(req.request_id)) + self.blocks.num_free) \
-            * self.blocks.block_size - req.num_cached
+        room = (
+            len(self.blocks.table(req.request_id)) + self.blocks.num_free
+        ) * self.blocks.block_size - req.num_cached
         length = min(length, room)
         if length <= 0 or not self.blocks.ensure(req.request_id, req.num_cached + length):
             return None
@@ -193,22 +206,28 @@ class Scheduler(ABC):
 class StaticScheduler(Scheduler):
     """All in, all out: a batch forms (bounded wait) and runs until every request ends."""
 
-    def __init__(self, config: EngineConfig, blocks: BlockManager | None = None) -> None:
-        super().__init__(config, blocks)
+    def __init__(
+        self,
+        config: EngineConfig,
+        blocks: BlockManager | None = None,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        super().__init__(config, blocks, clock)
         self._deadline: float | None = None
 
     def _admit(self) -> None:
         if self.running or not self.waiting:
             return
-        now = time.monotonic()
+        now = self.clock()
         if self._deadline is None:
             self._deadline = now + self.config.batch_wait_timeout_s
         if len(self.waiting) < self.config.max_batch_size and now < self._deadline:
             return
         self._deadline = None
         # The whole batch joins now; its prompts are prefilled over the next steps.
-        self._take_waiting(self.config.max_batch_size, self.config.max_seq_len
-                           * self.config.max_batch_size)
+        self._take_waiting(
+            self.config.max_batch_size, self.config.max_seq_len * self.config.max_batch_size
+        )
 
 
 class ContinuousScheduler(Scheduler):
@@ -217,11 +236,15 @@ class ContinuousScheduler(Scheduler):
     def _admit(self) -> None:
         # Admit only what this step's prefill budget can start on: FCFS stays fair, and
         # requests that cannot run yet keep their blocks free for those that can.
-        self._take_waiting(self.config.max_batch_size - len(self.running),
-                           self.config.prefill_token_budget - self._backlog())
+        self._take_waiting(
+            self.config.max_batch_size - len(self.running),
+            self.config.prefill_token_budget - self._backlog(),
+        )
 
 
-def make_scheduler(config: EngineConfig, blocks: BlockManager | None = None) -> Scheduler:
+def make_scheduler(
+    config: EngineConfig, blocks: BlockManager | None = None, clock: Clock = time.monotonic
+) -> Scheduler:
     if config.batching_mode == "static":
-        return StaticScheduler(config, blocks)
-    return ContinuousScheduler(config, blocks)
+        return StaticScheduler(config, blocks, clock)
+    return ContinuousScheduler(config, blocks, clock)

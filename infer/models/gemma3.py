@@ -13,14 +13,8 @@ from torch import Tensor, nn
 
 from infer.models.base import CausalLM
 from infer.models.config import ModelConfig
-from infer.models.layers import (
-    Attention,
-    ForwardContext,
-    GatedMLP,
-    PagedContext,
-    RMSNorm,
-    kept_rows,
-)
+from infer.models.context import ForwardContext, PagedContext
+from infer.models.layers import Attention, GatedMLP, RMSNorm, kept_rows
 
 GEMMA_NORM_OFFSET = 1.0
 
@@ -41,8 +35,12 @@ class Gemma3DecoderLayer(nn.Module):
     def stack_norms(self) -> tuple[RMSNorm, RMSNorm | None, RMSNorm, RMSNorm | None]:
         """Its norms as :class:`~infer.models.layers.DecodeStack` runs them (see
         :meth:`DecoderLayer.stack_norms`): each of the four."""
-        return (self.input_layernorm, self.post_attention_layernorm,
-                self.pre_feedforward_layernorm, self.post_feedforward_layernorm)
+        return (
+            self.input_layernorm,
+            self.post_attention_layernorm,
+            self.pre_feedforward_layernorm,
+            self.post_feedforward_layernorm,
+        )
 
     def forward(
         self, x: Tensor, residual: Tensor | None, ctx: ForwardContext | PagedContext
@@ -53,8 +51,9 @@ class Gemma3DecoderLayer(nn.Module):
         else:
             h, residual = self.input_layernorm.add_forward(x, residual)
         attn = self.post_attention_layernorm(self.self_attn(h, ctx))
-        h, residual = self.pre_feedforward_layernorm.add_forward(attn,
-                                                                 kept_rows(residual, attn, ctx))
+        h, residual = self.pre_feedforward_layernorm.add_forward(
+            attn, kept_rows(residual, attn, ctx)
+        )
         return self.post_feedforward_layernorm(self.mlp(h)), residual
 
 

@@ -41,10 +41,12 @@ class PagedKVCache:
         if config.head_dim % 2:
             raise ValueError(f"head_dim must be even, got {config.head_dim}")
         layers, kv, dim = config.num_hidden_layers, config.num_key_value_heads, config.head_dim
-        self.k = torch.zeros(layers, num_blocks, kv, dim // 2, block_size, 2, dtype=dtype,
-                             device=device)
-        self.v = torch.zeros(layers, num_blocks, kv, block_size // 2, dim, 2, dtype=dtype,
-                             device=device)
+        self.k = torch.zeros(
+            layers, num_blocks, kv, dim // 2, block_size, 2, dtype=dtype, device=device
+        )
+        self.v = torch.zeros(
+            layers, num_blocks, kv, block_size // 2, dim, 2, dtype=dtype, device=device
+        )
         self.num_blocks = num_blocks
         self.block_size = block_size
         # Each layer's (k, v) views, made once: indexing makes a new view every call, and a
@@ -72,8 +74,10 @@ class PagedKVCache:
 
     def gather(self, layer: int, blocks: Tensor, length: int) -> tuple[Tensor, Tensor]:
         """The first ``length`` keys and values of a sequence, ``[K, length, D]`` each."""
-        return (keys_of(self.k[layer][blocks])[:, :length],
-                values_of(self.v[layer][blocks])[:, :length])
+        return (
+            keys_of(self.k[layer][blocks])[:, :length],
+            values_of(self.v[layer][blocks])[:, :length],
+        )
 
 
 def keys_of(blocks: Tensor) -> Tensor:

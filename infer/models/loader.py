@@ -25,15 +25,13 @@ from safetensors import SafetensorError, safe_open
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from infer.models.base import CausalLM
-from infer.models.config import ModelConfig
+from infer.models.config import CONFIG_NAME, GENERATION_CONFIG_NAME, WEIGHTS_NAME, ModelConfig
+from infer.models.default import DEFAULT_MODEL_NAME, ensure_default_model
 from infer.models.errors import LoadError, eos_token_ids, one_line
 from infer.models.gguf_checkpoint import GGUFCheckpoint
 from infer.models.registry import create_model
 
 DEFAULT_SOURCE = "default"
-CONFIG_NAME = "config.json"
-GENERATION_CONFIG_NAME = "generation_config.json"
-WEIGHTS_NAME = "model.safetensors"
 WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
 # What a hub download fetches: config, safetensors weights and tokenizer files, nothing else.
 HUB_ALLOW_PATTERNS = [
@@ -50,6 +48,7 @@ HUB_ALLOW_PATTERNS = [
     "chat_template.*",
 ]
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
 
 @dataclass
 class LoadedModel:
@@ -79,9 +78,6 @@ def load_model(
         LoadError: The source is missing, corrupt, unsupported or cannot be downloaded.
     """
     if source == DEFAULT_SOURCE:
-        # Imported here because default.py builds on this module.
-        from infer.models.default import DEFAULT_MODEL_NAME, ensure_default_model
-
         return load_hf_dir(ensure_default_model(), dtype, device, name=DEFAULT_MODEL_NAME)
     path = Path(source).expanduser()
     if path.is_dir():
@@ -229,5 +225,3 @@ def _read_json(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise LoadError(f"{path} does not hold a JSON object")
     return data
-
-

@@ -1,27 +1,21 @@
-"""The Quart-Trio application: ``create_app()`` builds it, Hypercorn (trio worker) serves it.
+"""The Quart-Trio application: ``create_app()`` builds it, :mod:`infer.server.serve` serves it.
 
-``hypercorn --config hypercorn.toml 'infer.server.app:create_app()'`` reads its settings
-from ``INFER_*`` variables; ``infer serve`` passes flags. The engine loop starts when serving
-starts, in ``app.nursery`` under its own cancel scope (see :mod:`infer.server.state`).
-
-At shutdown every open stream ends with a terminal event. Serving the app yourself, give
-Hypercorn ``shutdown_trigger=shutdown_trigger(app, trigger)``: once ``trigger`` returns, the
-app drains (refuses new requests, ends running ones with ``CANCELLED``, waits for their
-streams) before Hypercorn closes the connections; ``infer serve`` does this on SIGINT and
-SIGTERM. Under Hypercorn's own command line the app drains as soon as a request sees
-Hypercorn's shutdown deadline (within ``SHUTDOWN_POLL_S``), well inside ``graceful_timeout``.
+The engine loop starts when serving starts, in ``app.nursery`` under its own cancel scope
+(see :mod:`infer.server.state`). At shutdown the server calls :func:`drain` before it closes
+any connection: new requests are refused, running ones end ``CANCELLED``, and every open
+stream sends its terminal event.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator
 
 from quart import Response, jsonify
 from quart_trio import QuartTrio
 
 from infer import __version__
 from infer.engine.engine import Engine
-from infer.server import events, inspect, limits, openai, openapi, tokenize
+from infer.server import limits, openapi, routes
 from infer.server.asgi import RequestGuard
 from infer.server.config import ServerConfig
 from infer.server.errors import register_error_handlers
@@ -54,9 +48,7 @@ def create_app(config: ServerConfig | None = None, engine: Engine | None = None)
     app.extensions["infer"] = state
     register_error_handlers(app)
     limits.install(app, config)
-    for blueprint in (openai.blueprint, events.blueprint, inspect.blueprint,
-                      tokenize.blueprint):
-        app.register_blueprint(blueprint)
+    app.register_blueprint(routes.blueprint)
     app.add_url_rule("/health", "health", _health, methods=["GET"])
     app.add_url_rule("/metrics", "metrics", _metrics, methods=["GET"])
     openapi.install(app, __version__)
@@ -79,26 +71,6 @@ async def drain(app: QuartTrio, timeout_s: float | None = None) -> None:
     """
     state: ServerState = app.extensions["infer"]
     await state.drain(timeout_s)
-
-
-def shutdown_trigger(
-    app: QuartTrio, trigger: Callable[[], Awaitable[object]]
-) -> Callable[[], Awaitable[None]]:
-    """A Hypercorn ``shutdown_trigger`` that drains ``app`` once ``trigger`` returns.
-
-    Args:
-        app: The app being served.
-        trigger: Returns when the server should stop (a signal, an event).
-
-    Returns:
-        The function to pass as ``shutdown_trigger``.
-    """
-
-    async def wait_then_drain() -> None:
-        await trigger()
-        await drain(app)
-
-    return wait_then_drain
 
 
 async def _health() -> tuple[Response, int]:

@@ -65,14 +65,17 @@ class RequestGuard:
         discard_wait_s: Longest to wait for the rest of the body before closing.
     """
 
-    def __init__(self, app: ASGIApp, discard_limit_bytes: int = DISCARD_LIMIT_BYTES,
-                 discard_wait_s: float = DISCARD_WAIT_S) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        discard_limit_bytes: int = DISCARD_LIMIT_BYTES,
+        discard_wait_s: float = DISCARD_WAIT_S,
+    ) -> None:
         self.app = app
         self.discard_limit_bytes = discard_limit_bytes
         self.discard_wait_s = discard_wait_s
 
-    async def __call__(self, scope: MutableMapping[str, Any], receive: Receive,
-                       send: Send) -> None:
+    async def __call__(self, scope: MutableMapping[str, Any], receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return

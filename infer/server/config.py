@@ -31,6 +31,8 @@ class ServerConfig:
         max_pending_tokens: Tokens a reader may fall behind before its stream is ended
             (keep it under ``max_seq_len``, or it can never fire).
         max_inspect_tokens: Longest prompt ``/v1/inspect/attention`` accepts.
+        settle_min_rows: After a decode step of at least this many rows, the engine lets
+            the event loop write the step's tokens before it steps again (0: never waits).
         drain_timeout_s: At shutdown, how long to wait for streams to send their last event.
         resume_window_s: How long a native stream with a ``request_id`` outlives its last
             reader (a reconnect within it resumes the stream).
@@ -53,6 +55,7 @@ class ServerConfig:
     output_buffer: int = 64
     max_pending_tokens: int = 1024
     max_inspect_tokens: int = 512
+    settle_min_rows: int = 32
     drain_timeout_s: float = 10.0
     resume_window_s: float = 10.0
     engine: EngineConfig = field(default_factory=EngineConfig)
@@ -62,8 +65,14 @@ class ServerConfig:
         self.cors_origins = tuple(o.rstrip("/") for o in self.cors_origins if o)
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
-        for name in ("max_prompt_bytes", "max_body_bytes", "rate_burst", "output_buffer",
-                     "max_pending_tokens", "max_inspect_tokens"):
+        for name in (
+            "max_prompt_bytes",
+            "max_body_bytes",
+            "rate_burst",
+            "output_buffer",
+            "max_pending_tokens",
+            "max_inspect_tokens",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.heartbeat_s is None or not self.heartbeat_s > 0:
@@ -72,6 +81,8 @@ class ServerConfig:
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"{name} must be > 0, got {value}")
+        if self.settle_min_rows < 0:
+            raise ValueError(f"settle_min_rows must be >= 0, got {self.settle_min_rows}")
         if self.resume_window_s < 0:
             raise ValueError(f"resume_window_s must be >= 0, got {self.resume_window_s}")
         if self.drain_timeout_s < 0:

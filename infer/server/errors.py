@@ -1,7 +1,8 @@
 """Errors before a stream starts: one JSON shape, ``{"error": {"message", "type", "code"}}``.
 
-Every failure a client can see goes through here, so no traceback ever reaches it: an
-unexpected exception is logged and answered with a generic 500.
+Every failure a client can see is an :class:`~infer.engine.request.ErrorCode` (its status,
+retryability and message are defined there) and goes through here, so no traceback ever
+reaches a client: an unexpected exception is logged and answered with a generic 500.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from typing import Any
 from quart import Quart, Response, jsonify
 from werkzeug.exceptions import HTTPException
 
+from infer.engine.request import ErrorCode
+
 log = logging.getLogger("infer.server")
 
 ERROR_TYPES = {
@@ -20,57 +23,58 @@ ERROR_TYPES = {
     401: "authentication_error",
     403: "permission_error",
     404: "not_found_error",
-    405: "invalid_request_error",
-    413: "invalid_request_error",
-    422: "invalid_request_error",
     429: "rate_limit_error",
-    500: "server_error",
     503: "overloaded_error",
 }
+RETRY_AFTER_S = "1"  # what a retryable 503 asks a client to wait
 
-# Codes for the HTTP errors Quart raises itself (routing, body size, malformed requests).
+# The codes of the HTTP errors Quart raises itself (routing, body size, timeouts).
 _HTTP_CODES = {
-    400: "invalid_request",
-    404: "not_found",
-    405: "method_not_allowed",
-    408: "request_timeout",
-    413: "body_too_large",
+    404: ErrorCode.NOT_FOUND,
+    405: ErrorCode.METHOD_NOT_ALLOWED,
+    408: ErrorCode.REQUEST_TIMEOUT,
+    413: ErrorCode.BODY_TOO_LARGE,
 }
 
 
 class APIError(Exception):
-    """An error answered as JSON with a stable ``code``.
+    """An error answered as JSON with a stable code.
 
     Args:
-        status: HTTP status.
-        message: What went wrong, for people.
-        code: Stable machine-readable code (``queue_full``, ``prompt_too_large``, ...).
-        headers: Extra response headers (``Retry-After``).
+        code: What went wrong; it gives the status, and the message unless one is given.
+        message: A more specific message, for people (never an exception's own text).
+        headers: Extra response headers (``Retry-After`` for a retryable 503 is added).
+        status: Only for HTTP errors that no code names (a malformed request line).
     """
 
     def __init__(
-        self, status: int, message: str, code: str, headers: Mapping[str, str] | None = None
+        self,
+        code: ErrorCode,
+        message: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        status: int | None = None,
     ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
+        super().__init__(message or code.message)
         self.code = code
+        self.message = message or code.message
+        self.status = status or code.status
         self.headers = dict(headers or {})
+        if code.retryable and self.status == 503:
+            self.headers.setdefault("Retry-After", RETRY_AFTER_S)
 
     @property
     def type(self) -> str:
-        return ERROR_TYPES.get(self.status, "server_error" if self.status >= 500 else
-                               "invalid_request_error")
+        default = "server_error" if self.status >= 500 else "invalid_request_error"
+        return ERROR_TYPES.get(self.status, default)
 
-
-def error_body(message: str, type_: str, code: str) -> dict[str, Any]:
-    """The error object every JSON error (and OpenAI stream error chunk) carries."""
-    return {"error": {"message": message, "type": type_, "code": code}}
+    def body(self) -> dict[str, Any]:
+        """The error object every JSON error (and OpenAI stream error chunk) carries."""
+        return {"error": {"message": self.message, "type": self.type, "code": self.code.value}}
 
 
 def error_response(error: APIError) -> Response:
     """The JSON response for an :class:`APIError`."""
-    response = jsonify(error_body(error.message, error.type, error.code))
+    response = jsonify(error.body())
     response.status_code = error.status
     response.headers.update(error.headers)
     return response
@@ -86,15 +90,17 @@ def register_error_handlers(app: Quart) -> None:
     @app.errorhandler(HTTPException)
     async def _http_error(error: HTTPException) -> Response:
         status = error.code or 500
-        code = _HTTP_CODES.get(status, f"http_{status}")
-        message = error.description or error.name
-        if status == 413:
-            message = "the request body is too large"
+        code = _HTTP_CODES.get(status, ErrorCode.INVALID_REQUEST)
+        message = (
+            code.message
+            if code is not ErrorCode.INVALID_REQUEST
+            else (error.description or error.name)
+        )
         allowed = getattr(error, "valid_methods", None)
         headers = {"Allow": ", ".join(allowed)} if status == 405 and allowed else None
-        return error_response(APIError(status, message, code, headers))
+        return error_response(APIError(code, message, headers, status=status))
 
     @app.errorhandler(Exception)
     async def _unexpected(error: Exception) -> Response:
         log.exception("unhandled error", exc_info=error)
-        return error_response(APIError(500, "internal server error", "internal_error"))
+        return error_response(APIError(ErrorCode.INTERNAL_ERROR))

@@ -1,4 +1,4 @@
-"""Who may call and how much: API keys, a per-client rate limit, prompt size, CORS."""
+"""Who may call and how much: API keys, a per-client rate limit, CORS."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 
 from quart import Quart, Response, request
 
+from infer.engine.request import ErrorCode
 from infer.server.config import ServerConfig
 from infer.server.errors import APIError, error_response
 
@@ -50,8 +51,7 @@ class ApiKeys:
         for expected in self._digests:
             ok |= hmac.compare_digest(digest, expected)
         if scheme.lower() != "bearer" or not ok:
-            raise APIError(401, "a valid API key is required (Authorization: Bearer <key>)",
-                           "invalid_api_key", {"WWW-Authenticate": "Bearer"})
+            raise APIError(ErrorCode.INVALID_API_KEY, headers={"WWW-Authenticate": "Bearer"})
 
 
 class RateLimiter:
@@ -87,8 +87,11 @@ class RateLimiter:
         tokens = self._level(key, now)
         if tokens < 1.0:
             retry = max(1, math.ceil((1.0 - tokens) / self.rate))
-            raise APIError(429, f"rate limit exceeded; retry in {retry} s", "rate_limited",
-                           {"Retry-After": str(retry)})
+            raise APIError(
+                ErrorCode.RATE_LIMITED,
+                f"rate limit exceeded; retry in {retry} s",
+                {"Retry-After": str(retry)},
+            )
         if key not in self._buckets and len(self._buckets) >= self._max_clients:
             self._prune(now)
         self._buckets[key] = (tokens - 1.0, now)
@@ -101,18 +104,6 @@ class RateLimiter:
         full = [k for k in self._buckets if self._level(k, now) >= self.burst]
         for k in full:
             del self._buckets[k]
-
-
-def check_prompt_size(text: str, max_bytes: int) -> None:
-    """Refuse prompt text longer than ``max_bytes`` UTF-8 bytes.
-
-    Raises:
-        APIError: 413.
-    """
-    size = len(text.encode("utf-8", "surrogatepass"))
-    if size > max_bytes:
-        raise APIError(413, f"the prompt is {size} bytes; the limit is {max_bytes}",
-                       "prompt_too_large")
 
 
 def client_key(authorization: str | None, remote_addr: str | None) -> str:
@@ -161,8 +152,9 @@ def _allowed(origin: str, origins: frozenset[str]) -> bool:
 def _preflight(origins: frozenset[str]) -> Response:
     origin = request.headers.get("Origin", "")
     if not _allowed(origin, origins):
-        return error_response(APIError(403, f"origin {origin!r} is not allowed",
-                                       "origin_not_allowed"))
+        return error_response(
+            APIError(ErrorCode.ORIGIN_NOT_ALLOWED, f"origin {origin!r} is not allowed")
+        )
     response = Response("", status=204)
     response.headers["Access-Control-Allow-Methods"] = CORS_METHODS
     response.headers["Access-Control-Allow-Headers"] = CORS_HEADERS

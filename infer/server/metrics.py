@@ -59,8 +59,7 @@ class Histogram:
         for bound, n in zip([*self.bounds, math.inf], self.counts, strict=True):
             cumulative += n
             buckets.append(("+Inf" if bound == math.inf else repr(float(bound)), cumulative))
-        return HistogramMetricFamily(self.name, self.help_text, buckets=buckets,
-                                     sum_value=self.sum)
+        return HistogramMetricFamily(self.name, self.help_text, buckets=buckets, sum_value=self.sum)
 
     def render(self) -> list[str]:
         """The histogram's exposition lines."""
@@ -95,8 +94,9 @@ class Metrics:
         """The registry's collector interface: this scrape's families."""
         yield from self.families(*self._live)
 
-    def render(self, running: int, waiting: int, ready: bool,
-               cache: Mapping[str, int] | None = None) -> str:
+    def render(
+        self, running: int, waiting: int, ready: bool, cache: Mapping[str, int] | None = None
+    ) -> str:
         """The whole exposition text.
 
         Args:
@@ -111,31 +111,43 @@ class Metrics:
         self._live = (running, waiting, ready, cache)
         return generate_latest(self.registry).decode("utf-8")
 
-    def families(self, running: int, waiting: int, ready: bool,
-                 cache: Mapping[str, int] | None = None) -> list[Metric]:
+    def families(
+        self, running: int, waiting: int, ready: bool, cache: Mapping[str, int] | None = None
+    ) -> list[Metric]:
         """Every metric as a ``prometheus-client`` family, in exposition order."""
-        finished = CounterMetricFamily("infer_requests", "Requests that ended, by finish "
-                                       "reason.", labels=["finish_reason"])
+        finished = CounterMetricFamily(
+            "infer_requests", "Requests that ended, by finish reason.", labels=["finish_reason"]
+        )
         for reason, n in sorted(self.finished.items()):
             finished.add_metric([reason], n)
-        rejected = CounterMetricFamily("infer_requests_rejected", "Requests refused before "
-                                       "generating, by code.", labels=["code"])
+        rejected = CounterMetricFamily(
+            "infer_requests_rejected",
+            "Requests refused before generating, by code.",
+            labels=["code"],
+        )
         for code, n in sorted(self.rejected.items()):
             rejected.add_metric([code], n)
         return [
             GaugeMetricFamily("infer_requests_running", "Requests being generated.", running),
-            GaugeMetricFamily("infer_requests_waiting", "Requests queued for the engine.",
-                              waiting),
-            GaugeMetricFamily("infer_ready", "1 when the model is loaded and the engine runs.",
-                              int(ready)),
+            GaugeMetricFamily("infer_requests_waiting", "Requests queued for the engine.", waiting),
+            GaugeMetricFamily(
+                "infer_ready", "1 when the model is loaded and the engine runs.", int(ready)
+            ),
             finished,
             rejected,
-            CounterMetricFamily("infer_client_disconnects", "Streams whose client went away "
-                                "before the end.", self.client_disconnects),
-            CounterMetricFamily("infer_generated_tokens", "Tokens generated for clients.",
-                                self.generated_tokens),
-            CounterMetricFamily("infer_stream_resumes", "Native streams read again by "
-                                "request_id (a reconnect or a takeover).", self.stream_resumes),
+            CounterMetricFamily(
+                "infer_client_disconnects",
+                "Streams whose client went away before the end.",
+                self.client_disconnects,
+            ),
+            CounterMetricFamily(
+                "infer_generated_tokens", "Tokens generated for clients.", self.generated_tokens
+            ),
+            CounterMetricFamily(
+                "infer_stream_resumes",
+                "Native streams read again by request_id (a reconnect or a takeover).",
+                self.stream_resumes,
+            ),
             self.ttft.family(),
             self.itl.family(),
             *_cache_families(cache or dict.fromkeys(CACHE_METRICS, 0)),
@@ -153,9 +165,12 @@ CACHE_METRICS = {
 
 
 def _cache_families(cache: Mapping[str, int]) -> list[Metric]:
-    return [(GaugeMetricFamily if kind == "gauge" else CounterMetricFamily)(
-                name, help_text, value=cache[name])
-            for name, (kind, help_text) in CACHE_METRICS.items()]
+    return [
+        (GaugeMetricFamily if kind == "gauge" else CounterMetricFamily)(
+            name, help_text, value=cache[name]
+        )
+        for name, (kind, help_text) in CACHE_METRICS.items()
+    ]
 
 
 class _Families:

@@ -21,6 +21,7 @@ from typing import Any
 
 import trio
 
+from infer.engine.request import ErrorCode
 from infer.server import sse
 from infer.server.errors import APIError
 
@@ -31,8 +32,10 @@ def fingerprint(body: Any) -> str:
     return hashlib.sha256(dumped.encode()).hexdigest()
 
 
-SUPERSEDED = sse.event({"code": "SUPERSEDED", "message": "another connection resumed this "
-                        "request", "retryable": False}, "error")
+_CODE = ErrorCode.SUPERSEDED
+SUPERSEDED = sse.event(
+    {"code": _CODE.name, "message": _CODE.message, "retryable": _CODE.retryable}, "error"
+)
 
 
 class ResumableStream:
@@ -137,12 +140,15 @@ class ResumeRegistry:
         """
         stream = self._streams.get(request_id)
         if stream is not None and stream.key != key:
-            raise APIError(409, f"request_id {request_id!r} is in use by another request",
-                           "request_id_conflict")
+            raise APIError(
+                ErrorCode.REQUEST_ID_CONFLICT,
+                f"request_id {request_id!r} is in use by another request",
+            )
         return stream
 
-    def open(self, nursery: trio.Nursery, request_id: str, key: str,
-             source: AsyncIterator[bytes]) -> ResumableStream:
+    def open(
+        self, nursery: trio.Nursery, request_id: str, key: str, source: AsyncIterator[bytes]
+    ) -> ResumableStream:
         """Start producing ``source`` (the native event stream, ids from 0) under ``request_id``."""
         stream = ResumableStream(request_id, key, self.window_s, self.heartbeat_s)
         self._streams[request_id] = stream
@@ -185,6 +191,5 @@ def last_event_id(header: str | None) -> int:
     except ValueError:
         value = -1
     if value < 0:
-        raise APIError(400, "Last-Event-ID must be an event id (an integer >= 0)",
-                       "invalid_last_event_id")
+        raise APIError(ErrorCode.INVALID_LAST_EVENT_ID)
     return value

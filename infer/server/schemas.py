@@ -1,24 +1,37 @@
-"""Request bodies, validated by pydantic; unknown fields are refused (422).
+"""Request and response bodies as pydantic models.
 
-Value checks live here so that a bad field is reported under the name the client used
-(``max_tokens``, not the engine's ``max_new_tokens``).
+Requests are validated here and nowhere else: unknown fields are refused (422), and each
+value is checked under the name the client used (``max_tokens``, not the engine's
+``max_new_tokens``) with the engine's own bounds. Responses are built as plain dicts by
+:mod:`infer.api`; their models here document them in ``/openapi.json`` (and the schemathesis
+test checks the answers against them).
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, cast
+from typing import TYPE_CHECKING, Annotated, Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, model_validator
 
-from infer.engine.sampler import (
-    MAX_LOGIT_BIAS,
+from infer.engine.sampling import (
     MAX_LOGPROBS,
-    MAX_PENALTY,
-    MAX_STOP_STRINGS,
-    MAX_TEMPERATURE,
+    Bias,
+    Logprobs,
+    MaxTokens,
+    Penalty,
+    RepetitionPenalty,
+    SamplingParams,
+    Seed,
+    StopStrings,
+    Temperature,
+    TokenId,
+    TopK,
+    TopP,
 )
 
-SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
+if TYPE_CHECKING:
+    from infer.engine.grammar import Grammar
+
 MAX_CHOICES = 16  # n per prompt
 MAX_FANOUT = 64  # engine requests per request: prompts times n
 MAX_DETOKENIZE = 65536  # token ids per /detokenize
@@ -56,8 +69,10 @@ class ChatMessage(_Body):
     def _text_only(self) -> ChatMessage:
         for part in self.content if isinstance(self.content, list) else []:
             if isinstance(part, OtherPart):
-                raise ValueError(f"content parts of type {part.type!r} are not supported: "
-                                 "this server serves a text-only model")
+                raise ValueError(
+                    f"content parts of type {part.type!r} are not supported: "
+                    "this server serves a text-only model"
+                )
         if self.audio is not None:
             raise ValueError("audio is not supported: this server serves a text-only model")
         return self
@@ -89,7 +104,8 @@ class JSONSchemaFormat(_Body):
     name: Annotated[str, Field(max_length=64)] = "response"
     description: str | None = None
     schema_: Annotated[dict[str, Any], Field(alias="schema")] = Field(
-        default_factory=lambda: {"type": "object"})
+        default_factory=lambda: {"type": "object"}
+    )
     strict: bool | None = None
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
@@ -117,25 +133,23 @@ class ResponseFormat(_Body):
 TokenIds = Annotated[list[StrictInt], Field(min_length=1)]
 Prompt = StrictStr | list[StrictInt]
 Prompts = StrictStr | list[StrictStr] | list[StrictInt] | list[TokenIds]
-Stop = str | Annotated[list[str], Field(max_length=MAX_STOP_STRINGS)] | None
-Penalty = Annotated[float, Field(ge=-MAX_PENALTY, le=MAX_PENALTY)]
-Bias = Annotated[float, Field(ge=-MAX_LOGIT_BIAS, le=MAX_LOGIT_BIAS)]
+Stop = Annotated[str, Field(min_length=1)] | StopStrings | None
 
 
 class SamplingFields(_Body):
     """The sampling fields every generation route shares."""
 
     model: str | None = None
-    max_tokens: Annotated[int, Field(ge=1)] | None = None
-    temperature: Annotated[float, Field(ge=0.0, le=MAX_TEMPERATURE)] = 1.0
-    top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
-    top_k: Annotated[int, Field(ge=0)] = 0
-    repetition_penalty: Annotated[float, Field(gt=0.0)] = 1.0
+    max_tokens: MaxTokens | None = None
+    temperature: Temperature = 1.0
+    top_p: TopP = 1.0
+    top_k: TopK = 0
+    repetition_penalty: RepetitionPenalty = 1.0
     presence_penalty: Penalty = 0.0
     frequency_penalty: Penalty = 0.0
-    logit_bias: dict[Annotated[int, Field(ge=0)], Bias] | None = None
+    logit_bias: dict[TokenId, Bias] | None = None
     stop: Stop = None
-    seed: Annotated[int, Field(ge=SEED_MIN, le=SEED_MAX)] | None = None
+    seed: Seed | None = None
     ignore_eos: bool = False  # keep generating past EOS (benchmarks; vLLM has it too)
     response_format: ResponseFormat | None = None
     user: str | None = None
@@ -155,6 +169,34 @@ class SamplingFields(_Body):
         """The schema structured output must follow, or ``None``."""
         return self.response_format.schema_or_none() if self.response_format else None
 
+    def limit(self) -> int | None:
+        """The client's token limit, if it set one."""
+        return self.max_tokens
+
+    def sampling_params(
+        self,
+        max_new_tokens: int,
+        seed: int | None,
+        logprobs: int = 0,
+        grammar: Grammar | None = None,
+    ) -> SamplingParams:
+        """The engine's parameters for one choice (every value was checked at parsing)."""
+        return SamplingParams(
+            max_new_tokens=max_new_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            repetition_penalty=self.repetition_penalty,
+            stop=self.stop_list(),
+            seed=seed,
+            ignore_eos=self.ignore_eos,
+            logprobs=logprobs,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            logit_bias=dict(self.logit_bias or {}),
+            grammar=grammar,
+        )
+
     @model_validator(mode="before")
     @classmethod
     def _nulls_are_defaults(cls, data: Any) -> Any:
@@ -165,9 +207,21 @@ class SamplingFields(_Body):
 
 
 # Fields whose ``null`` means "the default" (clients such as LangChain send them).
-_NULLABLE = frozenset({"temperature", "top_p", "top_k", "repetition_penalty",
-                       "presence_penalty", "frequency_penalty", "n", "stream", "echo",
-                       "logprobs", "ignore_eos"})
+_NULLABLE = frozenset(
+    {
+        "temperature",
+        "top_p",
+        "top_k",
+        "repetition_penalty",
+        "presence_penalty",
+        "frequency_penalty",
+        "n",
+        "stream",
+        "echo",
+        "logprobs",
+        "ignore_eos",
+    }
+)
 
 
 class _OpenAIFields(SamplingFields):
@@ -196,7 +250,7 @@ class CompletionRequest(_OpenAIFields):
     """``POST /v1/completions``."""
 
     prompt: Prompts
-    logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    logprobs: Logprobs | None = None
     echo: bool = False
     best_of: Annotated[int, Field(ge=1, le=MAX_CHOICES)] | None = None
     suffix: str | None = None
@@ -204,17 +258,19 @@ class CompletionRequest(_OpenAIFields):
     @model_validator(mode="after")
     def _honourable(self) -> CompletionRequest:
         if self.best_of is not None and self.best_of > self.n:
-            raise ValueError("best_of > n is not supported: every sampled completion is "
-                             "returned (use n)")
+            raise ValueError(
+                "best_of > n is not supported: every sampled completion is returned (use n)"
+            )
         if self.suffix:
-            raise ValueError("suffix is not supported: the models here do not fill in the "
-                             "middle")
+            raise ValueError("suffix is not supported: the models here do not fill in the middle")
         if len(self.prompt_list()) * self.n > MAX_FANOUT:
-            raise ValueError(f"prompt: at most {MAX_FANOUT} completions per request (prompts "
-                             "times n)")
+            raise ValueError(
+                f"prompt: at most {MAX_FANOUT} completions per request (prompts times n)"
+            )
         if self.echo and self.logprobs is not None:
-            raise ValueError("echo with logprobs is not supported (prompt log-probabilities "
-                             "are not computed)")
+            raise ValueError(
+                "echo with logprobs is not supported (prompt log-probabilities are not computed)"
+            )
         return self
 
     def prompt_list(self) -> list[str | list[int]]:
@@ -231,9 +287,9 @@ class ChatCompletionRequest(_OpenAIFields):
     """``POST /v1/chat/completions``."""
 
     messages: list[ChatMessage]
-    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_completion_tokens: MaxTokens | None = None
     logprobs: bool = False
-    top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    top_logprobs: Logprobs | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
@@ -257,12 +313,15 @@ class ChatCompletionRequest(_OpenAIFields):
         if self.audio is not None or (self.modalities and "audio" in self.modalities):
             raise ValueError("audio output is not supported: this server generates text")
         if self.web_search_options is not None:
-            raise ValueError("web_search_options is not supported: this server has no "
-                             "web access")
+            raise ValueError("web_search_options is not supported: this server has no web access")
         if self.functions:
-            raise ValueError("functions is not supported (deprecated by OpenAI; no tool "
-                             "calling here)")
+            raise ValueError(
+                "functions is not supported (deprecated by OpenAI; no tool calling here)"
+            )
         return self
+
+    def limit(self) -> int | None:
+        return self.max_tokens if self.max_tokens is not None else self.max_completion_tokens
 
     def wants_tools(self) -> bool:
         """Whether the request needs tool calling (``tools`` given and not switched off)."""
@@ -325,3 +384,105 @@ class DetokenizeRequest(_Body):
 
     model: str | None = None
     tokens: Annotated[list[StrictInt], Field(max_length=MAX_DETOKENIZE)]
+
+
+# --- response bodies (documentation) --------------------------------------------------------
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    code: str
+
+
+class ErrorResponse(BaseModel):
+    """Every error before a stream starts (4xx, 5xx)."""
+
+    error: ErrorDetail
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: dict[str, Any] | None
+    finish_reason: str | None
+
+
+class CompletionResponse(BaseModel):
+    """``POST /v1/completions`` with ``stream: false``."""
+
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"]
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: AssistantMessage
+    logprobs: dict[str, Any] | None
+    finish_reason: str | None
+
+
+class ChatCompletionResponse(BaseModel):
+    """``POST /v1/chat/completions`` with ``stream: false``."""
+
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+    max_model_len: int
+
+
+class ModelList(BaseModel):
+    object: Literal["list"]
+    data: list[ModelCard]
+
+
+class TokenizeResponse(BaseModel):
+    tokens: list[int]
+    count: int
+    max_model_len: int
+    token_strs: list[str] | None = None
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
+
+
+class Health(BaseModel):
+    status: str
+    model: str
+    running: int
+    waiting: int
+
+
+class AttentionResponse(BaseModel):
+    """``POST /v1/inspect/attention``."""
+
+    layer: int
+    head: int
+    tokens: list[str]
+    attn: list[list[float]]

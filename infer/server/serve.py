@@ -28,7 +28,7 @@ from quart_trio import QuartTrio
 
 from infer.engine.config import EngineConfig
 from infer.engine.engine import Engine
-from infer.server.app import create_app, shutdown_trigger
+from infer.server.app import create_app, drain
 from infer.server.config import ServerConfig
 from infer.server.state import ServerState
 
@@ -64,19 +64,27 @@ def limit_malloc_arenas(arenas: int = MALLOC_ARENAS) -> bool:
 M_ARENA_MAX = -8  # glibc's mallopt parameter number
 
 
-def hypercorn_config(config: ServerConfig, access_log: bool = False) -> HypercornConfig:
-    """Hypercorn settings for ``config``: one bind, no read timeout (it would cut streams).
+def hypercorn_config(
+    config: ServerConfig, access_log: bool = False, path: str | None = None
+) -> HypercornConfig:
+    """Hypercorn settings: ``config``'s one bind and no read timeout (it would cut streams),
+    or those of a Hypercorn TOML file.
 
     Args:
-        config: Server settings (host, port, body limit).
+        config: Server settings (host, port).
         access_log: Log one line per request to stderr.
+        path: A Hypercorn TOML file (``hypercorn.toml``); its settings, bind included, are
+            used as written (``workers`` aside: the engine lives in this one process).
 
     Returns:
         The Hypercorn config.
     """
+    if path is not None:
+        return HypercornConfig.from_toml(path)
     hyper = HypercornConfig()
-    hyper.bind = [f"[{config.host}]:{config.port}" if ":" in config.host
-                  else f"{config.host}:{config.port}"]
+    hyper.bind = [
+        f"[{config.host}]:{config.port}" if ":" in config.host else f"{config.host}:{config.port}"
+    ]
     hyper.accesslog = "-" if access_log else None
     hyper.errorlog = "-"
     hyper.graceful_timeout = GRACEFUL_TIMEOUT_S
@@ -84,12 +92,13 @@ def hypercorn_config(config: ServerConfig, access_log: bool = False) -> Hypercor
     return hyper
 
 
-def run(config: ServerConfig, access_log: bool = False) -> int:
+def run(config: ServerConfig, access_log: bool = False, hypercorn_toml: str | None = None) -> int:
     """Load the model, then serve until SIGINT or SIGTERM; open streams end cleanly.
 
     Args:
         config: Server settings, the engine's included.
         access_log: Log one line per request.
+        hypercorn_toml: Take Hypercorn's settings from this TOML file.
 
     Returns:
         The exit status: 0 after a signal, 1 when the engine failed (every open stream got
@@ -101,7 +110,7 @@ def run(config: ServerConfig, access_log: bool = False) -> int:
     log.info("loading model %s", config.engine.model)
     engine = load_off_thread(config.engine)
     app = create_app(config, engine)
-    return trio.run(serve_app, app, hypercorn_config(config, access_log))
+    return trio.run(serve_app, app, hypercorn_config(config, access_log, hypercorn_toml))
 
 
 def load_off_thread(config: EngineConfig) -> Engine:
@@ -131,8 +140,11 @@ def load_off_thread(config: EngineConfig) -> Engine:
     return result[0]
 
 
-async def serve_app(app: QuartTrio, hyper: HypercornConfig,
-                    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> int:
+async def serve_app(
+    app: QuartTrio,
+    hyper: HypercornConfig,
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> int:
     """Serve ``app`` until SIGINT, SIGTERM or an engine failure, then drain it.
 
     Args:
@@ -152,8 +164,13 @@ async def serve_app(app: QuartTrio, hyper: HypercornConfig,
         if state.failed.is_set():
             log.error("the engine failed; shutting down")
 
-    await serve(app, hyper, shutdown_trigger=shutdown_trigger(app, signal_or_failure),
-                task_status=task_status)
+    await serve(
+        app,
+        hyper,
+        shutdown_trigger=signal_or_failure,
+        drain=partial(drain, app),
+        task_status=task_status,
+    )
     return 1 if state.failed.is_set() else 0
 
 
@@ -161,18 +178,21 @@ async def serve(
     app: QuartTrio,
     hyper: HypercornConfig,
     shutdown_trigger: Callable[[], Awaitable[object]],
+    drain: Callable[[], Awaitable[object]] | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``app`` on plain TCP until ``shutdown_trigger`` returns (``hypercorn.trio.serve``
     with every connection a :class:`Connection`).
 
-    Then no new connection is taken, open ones get ``hyper.graceful_timeout`` to finish, and
-    the app's lifespan ends.
+    Then ``drain`` runs while every connection is still open (the app ends its streams,
+    each with its terminal event), no new connection is taken, open connections get
+    ``hyper.graceful_timeout`` to finish, and the app's lifespan ends.
 
     Args:
         app: The ASGI app.
         hyper: Hypercorn settings (its ``bind``, timeouts, logs; no TLS).
         shutdown_trigger: Returns when the server should stop.
+        drain: Ends the app's open work before connections close.
         task_status: Receives the bound URLs once listening.
     """
     if hyper.ssl_enabled:
@@ -197,9 +217,14 @@ async def serve(
             task_status.started(binds)
             try:
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(partial(trio.serve_listeners, handler, listeners,
-                                               handler_nursery=connections))
+                    nursery.start_soon(
+                        partial(
+                            trio.serve_listeners, handler, listeners, handler_nursery=connections
+                        )
+                    )
                     await shutdown_trigger()
+                    if drain is not None:  # new requests meanwhile get 503 shutting_down
+                        await drain()
                     nursery.cancel_scope.cancel()  # stop accepting
             finally:
                 await context.terminated.set()
@@ -208,11 +233,15 @@ async def serve(
         lifespan_nursery.cancel_scope.cancel()
 
 
-async def _serve_connection(app: Any, hyper: HypercornConfig, context: WorkerContext,
-                            lifespan_state: dict[str, object], stream: trio.SocketStream) -> None:
+async def _serve_connection(
+    app: Any,
+    hyper: HypercornConfig,
+    context: WorkerContext,
+    lifespan_state: dict[str, object],
+    stream: trio.SocketStream,
+) -> None:
     # Hypercorn annotates the stream as TLS, and takes a plain one as its own worker does.
-    await Connection(app, hyper, context, ConnectionState(lifespan_state.copy()),
-                     stream).run()  # type: ignore[arg-type]
+    await Connection(app, hyper, context, ConnectionState(lifespan_state.copy()), stream).run()  # type: ignore[arg-type]
 
 
 class Connection(TCPServer):

@@ -45,8 +45,11 @@ def event(data: Any, name: str | None = None, seq: int | None = None) -> bytes:
 
 def split(blob: bytes) -> list[bytes]:
     """The events of a run of framed ones, each with its blank line (comments left out)."""
-    return [block + b"\n\n" for block in blob.split(b"\n\n")[:-1]
-            if block and not block.startswith(b":")]
+    return [
+        block + b"\n\n"
+        for block in blob.split(b"\n\n")[:-1]
+        if block and not block.startswith(b":")
+    ]
 
 
 def stream_response(body: AsyncIterator[bytes]) -> Response:

@@ -2,13 +2,11 @@
 
 ``while_serving`` starts :meth:`ServerState.run_engine` in ``app.nursery`` under a cancel
 scope the state owns: quart-trio would otherwise wait its background-task timeout before
-cancelling. Shutdown is two steps. First a drain refuses new work and stops the worker,
-which ends every open request with a ``CANCELLED`` output, so each stream sends its terminal
-event. ``infer serve`` and the tests drain from Hypercorn's shutdown trigger
-(:meth:`ServerState.drain`, which also waits for the streams); under ``hypercorn`` run from
-its own command line, the first waiting request that sees Hypercorn's shutdown deadline calls
-:meth:`ServerState.begin_drain`. Then :meth:`ServerState.stop` (after serving) makes sure the
-engine thread has ended.
+cancelling. Shutdown is two steps. First :meth:`ServerState.drain`, called by the server once
+its shutdown signal fires and before any connection is closed, refuses new work and stops
+the worker, which ends every open request with a ``CANCELLED`` output, and waits until each
+stream has read its terminal output. Then :meth:`ServerState.stop` (after serving) makes sure
+the engine thread has ended.
 """
 
 from __future__ import annotations
@@ -16,20 +14,23 @@ from __future__ import annotations
 import gc
 import logging
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
 import trio
 from quart import current_app
 
 from infer.engine.engine import Engine
+from infer.engine.request import ErrorCode
 from infer.server.config import ServerConfig
 from infer.server.errors import APIError
 from infer.server.metrics import Metrics
 from infer.server.resume import ResumeRegistry
-from infer.server.worker import EngineWorker
+from infer.server.worker import EngineWorker, SettlePolicy
+
+if TYPE_CHECKING:
+    from infer.engine.grammar import GrammarCompiler
 
 log = logging.getLogger("infer.server")
-
-RETRY_AFTER_S = "1"
 
 
 class Status(StrEnum):
@@ -38,30 +39,6 @@ class Status(StrEnum):
     DRAINING = "draining"
     STOPPED = "stopped"
     FAILED = "failed"
-
-
-class StreamCounter:
-    """How many responses are producing output, and a way to wait until none are."""
-
-    def __init__(self) -> None:
-        self.active = 0
-        self._changed: trio.Event | None = None
-
-    def enter(self) -> None:
-        self.active += 1
-
-    def leave(self) -> None:
-        self.active -= 1
-        if self._changed is not None:
-            self._changed.set()
-            self._changed = None
-
-    async def wait_idle(self) -> None:
-        """Return once no response is active."""
-        while self.active:
-            if self._changed is None:
-                self._changed = trio.Event()
-            await self._changed.wait()
 
 
 class ServerState:
@@ -77,8 +54,7 @@ class ServerState:
         self.engine = engine
         self.worker: EngineWorker | None = None
         self.metrics = Metrics()
-        self.streams = StreamCounter()
-        self.inspect_limiter = trio.CapacityLimiter(1)  # attention forwards, one at a time
+        self.compiler: GrammarCompiler | None = None  # made by the first structured request
         self.status = Status.LOADING
         self.failed = trio.Event()  # set when loading or the engine loop failed
         self.resumable = ResumeRegistry(config.resume_window_s, config.heartbeat_s)
@@ -88,6 +64,12 @@ class ServerState:
     @property
     def model_name(self) -> str:
         return self.engine.model_name if self.engine is not None else self.config.engine.model
+
+    @property
+    def max_model_len(self) -> int:
+        """Prompt + completion tokens one request may use."""
+        engine = self.engine
+        return engine.config.max_seq_len if engine is not None else self.config.engine.max_seq_len
 
     @property
     def ready(self) -> bool:
@@ -102,14 +84,15 @@ class ServerState:
         if self.ready:
             assert self.engine is not None and self.worker is not None  # implied by ready
             return self.engine, self.worker
-        reason = {
-            Status.LOADING: ("the model is still loading", "not_ready"),
-            Status.FAILED: ("the model failed to load or the engine failed", "not_ready"),
-        }.get(self.status, ("the server is shutting down", "shutting_down"))
-        raise APIError(503, reason[0], reason[1], {"Retry-After": RETRY_AFTER_S})
+        if self.status == Status.LOADING:
+            raise APIError(ErrorCode.NOT_READY)
+        if self.status == Status.FAILED:
+            raise APIError(ErrorCode.NOT_READY, "the model failed to load or the engine failed")
+        raise APIError(ErrorCode.SHUTTING_DOWN)
 
-    async def run_engine(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
-                         ) -> None:
+    async def run_engine(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
         """Load the model if needed, then run the worker until :meth:`drain` or :meth:`stop`."""
         self._stopped = trio.Event()
         task_status.started()
@@ -130,8 +113,13 @@ class ServerState:
                 gc.collect()
                 gc.freeze()
                 frozen = True
-                worker = EngineWorker(self.engine, output_buffer=self.config.output_buffer,
-                                      max_pending_tokens=self.config.max_pending_tokens)
+                worker = EngineWorker(
+                    self.engine,
+                    self.metrics,
+                    output_buffer=self.config.output_buffer,
+                    max_pending_tokens=self.config.max_pending_tokens,
+                    settle=SettlePolicy(self.config.settle_min_rows),
+                )
                 async with trio.open_nursery() as nursery:
                     await nursery.start(worker.run)
                     self.worker = worker
@@ -151,8 +139,7 @@ class ServerState:
         config = self.config.engine
         log.info("loading model %s", config.model)
         try:
-            return await trio.to_thread.run_sync(Engine.from_config, config,
-                                                 abandon_on_cancel=True)
+            return await trio.to_thread.run_sync(Engine.from_config, config, abandon_on_cancel=True)
         except Exception:
             log.exception("cannot load model %s", config.model)
             self._fail("the model failed to load")
@@ -163,24 +150,22 @@ class ServerState:
         self.status = Status.FAILED
         self.failed.set()
 
-    def begin_drain(self) -> None:
-        """Refuse new requests and stop the worker, which ends every open request."""
-        if self.status in (Status.LOADING, Status.READY):
-            log.info("shutting down: ending open requests")
-            self.status = Status.DRAINING
-        self._scope.cancel()
-
     async def drain(self, timeout_s: float | None = None) -> None:
-        """Refuse new requests, end every open one, and wait for their streams to finish.
+        """Refuse new requests, end every open one, and wait until each stream has read its
+        terminal output.
 
         Args:
             timeout_s: Longest to wait for streams (default: ``config.drain_timeout_s``).
         """
-        self.begin_drain()
+        if self.status in (Status.LOADING, Status.READY):
+            log.info("shutting down: ending open requests")
+            self.status = Status.DRAINING
+        self._scope.cancel()
         with trio.move_on_after(self.config.drain_timeout_s if timeout_s is None else timeout_s):
             if self._stopped is not None:
                 await self._stopped.wait()
-            await self.streams.wait_idle()
+            if self.worker is not None:
+                await self.worker.wait_closed()
 
     async def stop(self) -> None:
         """Stop the engine and wait until its thread has ended."""

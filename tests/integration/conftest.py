@@ -14,7 +14,7 @@ from infer.engine.engine import Engine
 from infer.models.loader import LoadedModel, load_model
 from infer.server.app import create_app
 from infer.server.config import ServerConfig
-from infer.server.testing import GatedModel, StepGate
+from support.server import GatedModel, StepGate
 
 AppFactory = Callable[..., QuartTrio]
 
@@ -38,11 +38,13 @@ def app_factory(loaded: LoadedModel) -> AppFactory:
     ``gate`` wraps the model in a :class:`GatedModel`.
     """
 
-    def build(engine: dict[str, Any] | None = None, gate: StepGate | None = None,
-              **server: Any) -> QuartTrio:
+    def build(
+        engine: dict[str, Any] | None = None, gate: StepGate | None = None, **server: Any
+    ) -> QuartTrio:
         dtype = str(loaded.model.dtype).removeprefix("torch.")
-        config = EngineConfig(**({"max_seq_len": 512, "max_batch_size": 4, "dtype": dtype}
-                                 | (engine or {})))
+        config = EngineConfig(
+            **({"max_seq_len": 512, "max_batch_size": 4, "dtype": dtype} | (engine or {}))
+        )
         model = GatedModel(loaded.model, gate) if gate else loaded.model
         eng = Engine(config, model, loaded.tokenizer, loaded.eos_token_ids, loaded.name)
         return create_app(ServerConfig(engine=config, **server), eng)

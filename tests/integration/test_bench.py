@@ -32,8 +32,16 @@ MAX_PNG_BYTES = 200_000  # small enough to commit
 def report_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     default_gguf_path()  # the default model must be installed (make test installs it)
     out = tmp_path_factory.mktemp("bench")
-    argv = ["bench", "--scale", "smoke", "--systems", ",".join(SYSTEMS), "--out", str(out),
-            "--no-progress"]
+    argv = [
+        "bench",
+        "--scale",
+        "smoke",
+        "--systems",
+        ",".join(SYSTEMS),
+        "--out",
+        str(out),
+        "--no-progress",
+    ]
     assert cli.main(argv) == 0
     return out
 
@@ -89,16 +97,32 @@ def test_meta_goals_and_markdown(report_dir: Path) -> None:
     assert set(meta["startup_s"]) == {"infer-static", "infer-continuous", "infer-noprefix"}
     md = (report_dir / report["files"]["md"]).read_text()
     assert "vLLM" not in md
-    for text in (*(f"## {w}:" for w in WORKLOADS), "## Concurrency sweep", "## Goals", *SYSTEMS,
-                 report["files"]["throughput"], report["files"]["latency"]):
+    for text in (
+        *(f"## {w}:" for w in WORKLOADS),
+        "## Concurrency sweep",
+        "## Goals",
+        *SYSTEMS,
+        report["files"]["throughput"],
+        report["files"]["latency"],
+    ):
         assert text in md
 
 
 def test_sampled_load_reaches_the_server(tmp_path: Path) -> None:
     """--temperature and --top-p go into every server request: the sampled chat load runs to
     its exact token counts with no error, and the report says how it sampled."""
-    argv = ["bench", "--scale", "smoke", "--systems", "infer-continuous", "--workloads",
-            "chat64", "--temperature", "0.8", "--no-progress"]
+    argv = [
+        "bench",
+        "--scale",
+        "smoke",
+        "--systems",
+        "infer-continuous",
+        "--workloads",
+        "chat64",
+        "--temperature",
+        "0.8",
+        "--no-progress",
+    ]
     assert cli.main([*argv, "--top-p", "0.9", "--out", str(tmp_path)]) == 0
     report = _report(tmp_path)
     (run,) = report["runs"]

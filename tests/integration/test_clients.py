@@ -14,7 +14,7 @@ import pytest
 import trio
 from pydantic import BaseModel
 
-from infer.server.testing import running_server
+from support.server import running_server
 
 pytestmark = pytest.mark.slow
 
@@ -37,28 +37,39 @@ def _openai_calls(base_url: str) -> dict[str, Any]:
     from openai import OpenAI
 
     client = OpenAI(base_url=base_url, api_key="none", max_retries=0)
-    defaults = {"presence_penalty": 0, "frequency_penalty": 0,
-                "response_format": {"type": "text"}}
+    defaults = {"presence_penalty": 0, "frequency_penalty": 0, "response_format": {"type": "text"}}
     messages = [{"role": "user", "content": QUESTION}]
-    chat = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8,
-                                          temperature=0, n=2, seed=1, **defaults)
+    chat = client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=8, temperature=0, n=2, seed=1, **defaults
+    )
     stream = client.chat.completions.create(
-        model=MODEL, messages=messages, max_tokens=8, temperature=0, stream=True, n=2,
-        stream_options={"include_usage": True}, **defaults)
+        model=MODEL,
+        messages=messages,
+        max_tokens=8,
+        temperature=0,
+        stream=True,
+        n=2,
+        stream_options={"include_usage": True},
+        **defaults,
+    )
     streamed: dict[int, str] = {}
     usage = None
     for chunk in stream:
         for choice in chunk.choices:
-            streamed[choice.index] = streamed.get(choice.index, "") + (
-                choice.delta.content or "")
+            streamed[choice.index] = streamed.get(choice.index, "") + (choice.delta.content or "")
         usage = chunk.usage or usage
-    batch = client.completions.create(model=MODEL, prompt=["1, 2, 3,", "a, b, c,"],
-                                      max_tokens=4, temperature=0, frequency_penalty=0,
-                                      logit_bias={"28": -100})
-    parsed = client.chat.completions.parse(model=MODEL, messages=messages, max_tokens=60,
-                                           temperature=1.0, seed=2, response_format=City)
-    return {"chat": chat, "streamed": streamed, "usage": usage, "batch": batch,
-            "parsed": parsed}
+    batch = client.completions.create(
+        model=MODEL,
+        prompt=["1, 2, 3,", "a, b, c,"],
+        max_tokens=4,
+        temperature=0,
+        frequency_penalty=0,
+        logit_bias={"28": -100},
+    )
+    parsed = client.chat.completions.parse(
+        model=MODEL, messages=messages, max_tokens=60, temperature=1.0, seed=2, response_format=City
+    )
+    return {"chat": chat, "streamed": streamed, "usage": usage, "batch": batch, "parsed": parsed}
 
 
 async def test_openai_client(real_app) -> None:
@@ -77,12 +88,20 @@ async def test_openai_client(real_app) -> None:
 def _langchain_calls(base_url: str) -> dict[str, Any]:
     from langchain_openai import ChatOpenAI, OpenAI
 
-    common = {"base_url": base_url, "api_key": "none", "model": MODEL, "max_retries": 0,
-              "temperature": 0, "frequency_penalty": 0, "presence_penalty": 0}
+    common = {
+        "base_url": base_url,
+        "api_key": "none",
+        "model": MODEL,
+        "max_retries": 0,
+        "temperature": 0,
+        "frequency_penalty": 0,
+        "presence_penalty": 0,
+    }
     chat = ChatOpenAI(max_tokens=8, **common)
     llm = OpenAI(max_tokens=4, **common)  # legacy completions: prompt as a list
     structured = ChatOpenAI(max_tokens=60, **common).with_structured_output(
-        City, method="json_schema")
+        City, method="json_schema"
+    )
     return {
         "chat": chat.invoke(QUESTION).content,
         "chat_stream": "".join(str(c.content) for c in chat.stream(QUESTION)),
@@ -105,20 +124,32 @@ def _litellm_calls(base_url: str) -> dict[str, Any]:
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no fetch at import
     import litellm
 
-    common = {"model": f"openai/{MODEL}", "api_base": base_url, "api_key": "none",
-              "temperature": 0, "frequency_penalty": 0, "presence_penalty": 0}
+    common = {
+        "model": f"openai/{MODEL}",
+        "api_base": base_url,
+        "api_key": "none",
+        "temperature": 0,
+        "frequency_penalty": 0,
+        "presence_penalty": 0,
+    }
     messages = [{"role": "user", "content": QUESTION}]
     whole = litellm.completion(messages=messages, max_tokens=8, **common)
     stream = litellm.completion(messages=messages, max_tokens=8, stream=True, **common)
     streamed = "".join(chunk.choices[0].delta.content or "" for chunk in stream)
     text = litellm.text_completion(prompt="1, 2, 3,", max_tokens=4, **common)
-    schema = {"type": "json_schema", "json_schema": {
-        "name": "city", "schema": City.model_json_schema(), "strict": True}}
-    structured = litellm.completion(messages=messages, max_tokens=60, response_format=schema,
-                                    **common)
-    return {"whole": whole.choices[0].message.content, "streamed": streamed,
-            "text": text.choices[0].text,
-            "structured": structured.choices[0].message.content}
+    schema = {
+        "type": "json_schema",
+        "json_schema": {"name": "city", "schema": City.model_json_schema(), "strict": True},
+    }
+    structured = litellm.completion(
+        messages=messages, max_tokens=60, response_format=schema, **common
+    )
+    return {
+        "whole": whole.choices[0].message.content,
+        "streamed": streamed,
+        "text": text.choices[0].text,
+        "structured": structured.choices[0].message.content,
+    }
 
 
 async def test_litellm(real_app) -> None:

@@ -12,7 +12,8 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from infer import cli, kernels
 from infer.engine.generate import generate
-from infer.engine.sampler import SamplingParams
+from infer.engine.prompts import encode_prompt
+from infer.engine.sampling import SamplingParams
 from infer.models.default import default_gguf_path
 from infer.models.loader import LoadedModel, load_model
 
@@ -53,7 +54,11 @@ def reference(gguf_path: Path) -> PreTrainedModel:
 
 
 def _chat_ids(loaded: LoadedModel) -> list[int]:
-    return cli.encode_prompt(loaded, QUESTION, chat=True)
+    return encode_prompt(
+        loaded.tokenizer,
+        loaded.model.config.vocab_size,
+        turns=[{"role": "user", "content": QUESTION}],
+    )
 
 
 def _logits(loaded: LoadedModel, ids: list[int]) -> torch.Tensor:
@@ -122,8 +127,9 @@ def test_cli_reads_prompts_from_stdin(
     assert out.count("\n") >= 2 and "Paris" in out
 
 
-@pytest.mark.skipif(not kernels.has_bf16(),
-                    reason="bf16 batch invariance needs the AVX512-BF16 kernels")
+@pytest.mark.skipif(
+    not kernels.has_bf16(), reason="bf16 batch invariance needs the AVX512-BF16 kernels"
+)
 def test_bf16_engine_output_is_the_same_alone_and_batched(default_model: LoadedModel) -> None:
     """bf16 through the CPU kernels: a request's greedy tokens do not depend on its batch
     (other requests decoding beside it, its prompt prefilled in chunks with theirs)."""
@@ -138,8 +144,12 @@ def test_bf16_engine_output_is_the_same_alone_and_batched(default_model: LoadedM
     prompts = [list(source.prompt(rng.randint(20, 200), rng)) for _ in range(5)]
 
     def run(batch: list[list[int]]) -> list[list[int]]:
-        engine = Engine(EngineConfig(max_batch_size=8, prefill_token_budget=96),
-                        default_model.model, default_model.tokenizer, default_model.eos_token_ids)
+        engine = Engine(
+            EngineConfig(max_batch_size=8, prefill_token_budget=96),
+            default_model.model,
+            default_model.tokenizer,
+            default_model.eos_token_ids,
+        )
         params = SamplingParams(max_new_tokens=24, temperature=0.0, ignore_eos=True)
         ids = [engine.add_request(p, params).request_id for p in batch]
         tokens: dict[str, list[int]] = {i: [] for i in ids}

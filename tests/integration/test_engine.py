@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import logging
 import weakref
 
 import pytest
@@ -11,12 +12,13 @@ import torch
 from infer.engine.config import EngineConfig
 from infer.engine.engine import Engine, QueueFullError
 from infer.engine.generate import generate
-from infer.engine.request import StepOutput
-from infer.engine.sampler import SamplingParams
+from infer.engine.request import ErrorCode, FinishReason, StepOutput
+from infer.engine.sampling import SamplingParams
 
 GREEDY = SamplingParams(max_new_tokens=12, temperature=0.0, ignore_eos=True)
-SEEDED = SamplingParams(max_new_tokens=12, temperature=0.9, top_p=0.95, top_k=50, seed=7,
-                        ignore_eos=True)
+SEEDED = SamplingParams(
+    max_new_tokens=12, temperature=0.9, top_p=0.95, top_k=50, seed=7, ignore_eos=True
+)
 
 
 def _engine(model, tokenizer, **kw) -> Engine:
@@ -62,8 +64,13 @@ def _alone(model, tokenizer, prompt: str, params: SamplingParams) -> list[int]:
 @pytest.mark.parametrize("mode", ["static", "continuous"])
 def test_batch_invariance(tiny_model, default_tokenizer, params, mode) -> None:
     alone = [_alone(tiny_model, default_tokenizer, p, params) for p in PROMPTS]
-    engine = _engine(tiny_model, default_tokenizer, batching_mode=mode, batch_wait_timeout_s=0,
-                     prefill_token_budget=24)
+    engine = _engine(
+        tiny_model,
+        default_tokenizer,
+        batching_mode=mode,
+        batch_wait_timeout_s=0,
+        prefill_token_budget=24,
+    )
     reqs = [engine.add_request(p, params) for p in PROMPTS[:3]]
     outs = _run(engine, until=4)  # the first three are mid-flight when the others join
     reqs += [engine.add_request(p, params) for p in PROMPTS[3:]]
@@ -90,7 +97,7 @@ def test_eos_ends_the_request(tiny_model, default_tokenizer) -> None:
     req = engine.add_request(PROMPTS[0], params)
     outs = _run(engine)[req.request_id]
     assert _tokens(outs) == tokens[: tokens.index(eos) + 1]
-    assert outs[-1].finished and outs[-1].finish_reason == "eos"
+    assert outs[-1].finished and outs[-1].outcome is FinishReason.EOS
     assert sum(o.finished for o in outs) == 1
 
 
@@ -106,7 +113,8 @@ def test_stop_string_split_across_tokens_never_reaches_the_client(
     # A stop string made of the end of one token's text and the start of the next one's,
     # at its first occurrence in the output.
     cut = next(
-        len(p) for p in pieces[1:-1]
+        len(p)
+        for p in pieces[1:-1]
         if len(p) >= 2 and full.find(full[len(p) - 2 : len(p) + 2]) == len(p) - 2
     )
     stop = full[cut - 2 : cut + 2]
@@ -115,7 +123,7 @@ def test_stop_string_split_across_tokens_never_reaches_the_client(
     req = engine.add_request(PROMPTS[0], params)
     outs = _run(engine)[req.request_id]
     assert _text(outs) == full[: cut - 2]
-    assert outs[-1].finish_reason == "stop"
+    assert outs[-1].outcome is FinishReason.STOP
 
 
 def test_max_tokens_gives_length(tiny_model, default_tokenizer) -> None:
@@ -123,12 +131,10 @@ def test_max_tokens_gives_length(tiny_model, default_tokenizer) -> None:
     req = engine.add_request(PROMPTS[1], SamplingParams(max_new_tokens=3, temperature=0.0))
     outs = _run(engine)[req.request_id]
     assert len(_tokens(outs)) == 3
-    assert outs[-1].finish_reason == "length" and outs[-1].completion_tokens == 3
+    assert outs[-1].outcome is FinishReason.LENGTH and outs[-1].completion_tokens == 3
 
 
-def test_abort_one_request_others_unaffected_and_slot_reused(
-    tiny_model, default_tokenizer
-) -> None:
+def test_abort_one_request_others_unaffected_and_slot_reused(tiny_model, default_tokenizer) -> None:
     expected = [_alone(tiny_model, default_tokenizer, p, GREEDY) for p in PROMPTS[:3]]
     engine = _engine(tiny_model, default_tokenizer, max_batch_size=2)
     a, b, c = (engine.add_request(p, GREEDY) for p in PROMPTS[:3])
@@ -138,7 +144,7 @@ def test_abort_one_request_others_unaffected_and_slot_reused(
     engine.abort(a.request_id)  # idempotent
     for rid, more in _run(engine).items():
         outs.setdefault(rid, []).extend(more)
-    assert outs[a.request_id][-1].finish_reason == "abort"
+    assert outs[a.request_id][-1].outcome is ErrorCode.CANCELLED
     assert sum(o.finished for o in outs[a.request_id]) == 1
     assert _tokens(outs[b.request_id]) == expected[1]
     assert _tokens(outs[c.request_id]) == expected[2]  # c took a's slot
@@ -146,7 +152,7 @@ def test_abort_one_request_others_unaffected_and_slot_reused(
 
 
 def test_failed_forward_fails_its_requests_and_engine_recovers(
-    tiny_model, default_tokenizer, monkeypatch
+    tiny_model, default_tokenizer, monkeypatch, caplog
 ) -> None:
     engine = _engine(tiny_model, default_tokenizer)
     reqs = [engine.add_request(p, GREEDY) for p in PROMPTS[:2]]
@@ -156,10 +162,12 @@ def test_failed_forward_fails_its_requests_and_engine_recovers(
         raise torch.OutOfMemoryError("simulated allocation failure")
 
     monkeypatch.setattr(tiny_model, "forward_paged", boom)
-    outs = engine.step()
+    with caplog.at_level(logging.ERROR, logger="infer"):
+        outs = engine.step()
     assert {o.request_id for o in outs} == {r.request_id for r in reqs}
-    assert all(o.finished and o.finish_reason == "error" for o in outs)
-    assert all(o.error_code == "OUT_OF_MEMORY" and "simulated" in o.error for o in outs)
+    assert all(o.finished and o.outcome is ErrorCode.OUT_OF_MEMORY for o in outs)
+    # The exception is logged, never put in an output a client could see.
+    assert "simulated" in caplog.text and all(o.message is None for o in outs)
     monkeypatch.undo()
     assert not engine.has_work() and engine.blocks.num_used == 0
     req = engine.add_request(PROMPTS[0], GREEDY)
@@ -185,9 +193,15 @@ def test_rejects_bad_requests_before_queueing(tiny_model, default_tokenizer) -> 
 def test_no_leaks_after_500_mixed_requests(tiny_model, default_tokenizer) -> None:
     # A small KV budget (48 blocks of 4) so that prefix sharing, waiting for blocks and
     # preemption all happen along the way.
-    engine = _engine(tiny_model, default_tokenizer, max_batch_size=8, max_waiting_requests=500,
-                     block_size=4, kv_cache_gb=48 * _block_bytes(tiny_model, 4) / 1e9,
-                     max_seq_len=64)
+    engine = _engine(
+        tiny_model,
+        default_tokenizer,
+        max_batch_size=8,
+        max_waiting_requests=500,
+        block_size=4,
+        kv_cache_gb=48 * _block_bytes(tiny_model, 4) / 1e9,
+        max_seq_len=64,
+    )
     refs = []
     for i in range(500):
         params = SamplingParams(max_new_tokens=1 + i % 4, temperature=0.0)
@@ -250,8 +264,14 @@ def test_preempted_requests_finish_with_unchanged_output(tiny_model, default_tok
     params = SamplingParams(max_new_tokens=40, temperature=0.0, ignore_eos=True)
     expected = [_alone(tiny_model, default_tokenizer, p, params) for p in PROMPTS[:4]]
     # 24 blocks of 4 tokens: the four requests cannot all grow to their full length at once.
-    engine = _engine(tiny_model, default_tokenizer, block_size=4, max_seq_len=96,
-                     kv_cache_gb=24 * _block_bytes(tiny_model, 4) / 1e9, prefix_caching=False)
+    engine = _engine(
+        tiny_model,
+        default_tokenizer,
+        block_size=4,
+        max_seq_len=96,
+        kv_cache_gb=24 * _block_bytes(tiny_model, 4) / 1e9,
+        prefix_caching=False,
+    )
     reqs = [engine.add_request(p, params) for p in PROMPTS[:4]]
     outs = _run(engine)
     assert engine.scheduler.preemptions > 0

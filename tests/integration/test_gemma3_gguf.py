@@ -39,7 +39,8 @@ def test_gemma3_gguf_logits_match_transformers(gguf_path: Path) -> None:
     x = torch.tensor([ids])
     got = ours.model(x, torch.arange(len(ids))[None]).logits[0]
     reference = AutoModelForCausalLM.from_pretrained(
-        str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32).eval()
+        str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32
+    ).eval()
     expected = reference(x).logits[0]
     torch.testing.assert_close(got, expected, atol=2e-3, rtol=1e-3)
 
@@ -47,11 +48,24 @@ def test_gemma3_gguf_logits_match_transformers(gguf_path: Path) -> None:
 def test_gemma3_gguf_is_served(gguf_path: Path) -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    command = [sys.executable, "-m", "infer", "serve", "--port", str(port), "--model",
-               str(gguf_path)]
+    command = [
+        sys.executable,
+        "-m",
+        "infer",
+        "serve",
+        "--port",
+        str(port),
+        "--model",
+        str(gguf_path),
+    ]
     with running_server(command, url, "/health", timeout_s=300):
-        body = {"model": gguf_path.name, "prompt": PROMPT, "max_tokens": 8, "temperature": 0,
-                "ignore_eos": True}
+        body = {
+            "model": gguf_path.name,
+            "prompt": PROMPT,
+            "max_tokens": 8,
+            "temperature": 0,
+            "ignore_eos": True,
+        }
         r = httpx.post(f"{url}/v1/completions", json=body, timeout=120)
     assert r.status_code == 200, r.text
     answer = r.json()

@@ -18,21 +18,22 @@ from infer.engine.config import EngineConfig
 from infer.engine.engine import Engine
 from infer.server.app import create_app
 from infer.server.config import ServerConfig
-from infer.server.testing import running_server
+from support.server import running_server
 
 ST = Path(sys.executable).parent / "st"
 
 
 def _tiny_app(tiny_model, default_tokenizer):
     config = EngineConfig(max_seq_len=128, max_batch_size=4, dtype="float32")
-    engine = Engine(config, tiny_model, default_tokenizer,
-                    [default_tokenizer.eos_token_id], "tiny")
+    engine = Engine(config, tiny_model, default_tokenizer, [default_tokenizer.eos_token_id], "tiny")
     return create_app(ServerConfig(engine=config), engine)
 
 
 async def test_openapi_document_and_docs_page(tiny_model, default_tokenizer) -> None:
-    async with running_server(_tiny_app(tiny_model, default_tokenizer)) as server, \
-            httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+    async with (
+        running_server(_tiny_app(tiny_model, default_tokenizer)) as server,
+        httpx.AsyncClient(base_url=server.url, timeout=60) as client,
+    ):
         doc = (await client.get("/openapi.json")).json()
         docs = await client.get("/docs")
     assert doc["openapi"].startswith("3.") and doc["info"]["title"] == "infer"
@@ -41,21 +42,35 @@ async def test_openapi_document_and_docs_page(tiny_model, default_tokenizer) -> 
     schema = doc["components"]["schemas"].get(body.get("$ref", "").split("/")[-1], body)
     assert {"prompt", "n", "logit_bias", "response_format"} <= set(schema["properties"])
     assert {"200", "422"} <= set(completions["responses"])
-    assert {"/tokenize", "/detokenize", "/v1/chat/completions", "/v1/generate"} <= set(
-        doc["paths"])
+    assert {"/tokenize", "/detokenize", "/v1/chat/completions", "/v1/generate"} <= set(doc["paths"])
     assert docs.status_code == 200 and "swagger-ui" in docs.text
 
 
-async def test_schemathesis_finds_no_server_error(tiny_model, default_tokenizer,
-                                                  tmp_path: Path) -> None:
+async def test_schemathesis_finds_no_server_error(
+    tiny_model, default_tokenizer, tmp_path: Path
+) -> None:
     async with running_server(_tiny_app(tiny_model, default_tokenizer)) as server:
         result = await trio.run_process(
-            [str(ST), "run", f"{server.url}/openapi.json",
-             "--checks", "not_a_server_error,response_schema_conformance",
-             "--phases", "examples,fuzzing", "--max-examples", "10",
-             "--generation-deterministic", "--request-timeout", "300", "--no-color"],
-            capture_stdout=True, stderr=subprocess.STDOUT, check=False,
-            cwd=tmp_path)  # schemathesis writes its cache into the working directory
+            [
+                str(ST),
+                "run",
+                f"{server.url}/openapi.json",
+                "--checks",
+                "not_a_server_error,response_schema_conformance",
+                "--phases",
+                "examples,fuzzing",
+                "--max-examples",
+                "10",
+                "--generation-deterministic",
+                "--request-timeout",
+                "300",
+                "--no-color",
+            ],
+            capture_stdout=True,
+            stderr=subprocess.STDOUT,
+            check=False,
+            cwd=tmp_path,
+        )  # schemathesis writes its cache into the working directory
     output = result.stdout.decode(errors="replace")
     assert result.returncode == 0, output[-6000:]
     assert "passed" in output.lower()

@@ -11,7 +11,7 @@ import openai
 import pytest
 import trio
 
-from infer.server.testing import (
+from support.server import (
     SSEEvent,
     StepGate,
     parse_sse,
@@ -52,13 +52,22 @@ def data_chunks(events: list[SSEEvent]) -> list[dict]:
 async def test_native_event_grammar(real_app, default_model) -> None:
     ids = default_model.tokenizer.encode(PROMPT)
     layers = default_model.model.config
-    body = {"prompt": PROMPT, "max_tokens": 7, "temperature": 0, "metrics_every": 3,
-            "trace": {"layer": 2, "top_k": 3}}
-    async with running_server(real_app()) as server, httpx.AsyncClient(
-            base_url=server.url, timeout=120) as client:
+    body = {
+        "prompt": PROMPT,
+        "max_tokens": 7,
+        "temperature": 0,
+        "metrics_every": 3,
+        "trace": {"layer": 2, "top_k": 3},
+    }
+    async with (
+        running_server(real_app()) as server,
+        httpx.AsyncClient(base_url=server.url, timeout=120) as client,
+    ):
         events = await stream_events(client, "/v1/generate", body)
-        plain = await client.post("/v1/completions", json={
-            "model": MODEL, "prompt": PROMPT, "max_tokens": 7, "temperature": 0})
+        plain = await client.post(
+            "/v1/completions",
+            json={"model": MODEL, "prompt": PROMPT, "max_tokens": 7, "temperature": 0},
+        )
     names = [e.event for e in events]
     assert names[0] == "started" and names[-1] == "done"
     assert sum(n in TERMINAL for n in names) == 1
@@ -80,8 +89,10 @@ async def test_native_event_grammar(real_app, default_model) -> None:
     metrics = [e.json() for e in events if e.event == "metrics"]
     assert [m["tokens"] for m in metrics] == [3, 6] and metrics[0]["ttft_ms"] > 0
     done = events[-1].json()
-    assert done == {"finish_reason": "length", "usage": {
-        "prompt_tokens": len(ids), "completion_tokens": 7, "total_tokens": len(ids) + 7}}
+    assert done == {
+        "finish_reason": "length",
+        "usage": {"prompt_tokens": len(ids), "completion_tokens": 7, "total_tokens": len(ids) + 7},
+    }
     assert native_text(events) == plain.json()["choices"][0]["text"]
 
 
@@ -90,13 +101,17 @@ async def test_openai_chunk_grammar(real_app) -> None:
     completion = base | {"prompt": PROMPT}
     chat = base | {"messages": [{"role": "user", "content": "Name a color."}]}
     usage = {"stream_options": {"include_usage": True}}
-    async with running_server(real_app()) as server, httpx.AsyncClient(
-            base_url=server.url, timeout=120) as client:
-        text_chunks = data_chunks(await stream_events(
-            client, "/v1/completions", completion | {"stream": True} | usage))
+    async with (
+        running_server(real_app()) as server,
+        httpx.AsyncClient(base_url=server.url, timeout=120) as client,
+    ):
+        text_chunks = data_chunks(
+            await stream_events(client, "/v1/completions", completion | {"stream": True} | usage)
+        )
         whole = (await client.post("/v1/completions", json=completion)).json()
-        chat_chunks = data_chunks(await stream_events(
-            client, "/v1/chat/completions", chat | {"stream": True}))
+        chat_chunks = data_chunks(
+            await stream_events(client, "/v1/chat/completions", chat | {"stream": True})
+        )
         chat_whole = (await client.post("/v1/chat/completions", json=chat)).json()
 
     *content, last, usage_chunk = text_chunks
@@ -105,13 +120,11 @@ async def test_openai_chunk_grammar(real_app) -> None:
     assert last["choices"][0]["finish_reason"] == "length"
     assert usage_chunk["choices"] == [] and usage_chunk["usage"] == whole["usage"]
     assert usage_chunk["usage"]["completion_tokens"] == 6
-    assert "".join(c["choices"][0]["text"] for c in text_chunks[:-1]) == \
-        whole["choices"][0]["text"]
+    assert "".join(c["choices"][0]["text"] for c in text_chunks[:-1]) == whole["choices"][0]["text"]
     assert len({c["id"] for c in text_chunks}) == 1
 
     assert chat_chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
-    assert all(c["object"] == "chat.completion.chunk" and "usage" not in c
-               for c in chat_chunks)
+    assert all(c["object"] == "chat.completion.chunk" and "usage" not in c for c in chat_chunks)
     reasons = [c["choices"][0]["finish_reason"] for c in chat_chunks]
     assert reasons[-1] in ("stop", "length") and reasons[:-1] == [None] * (len(reasons) - 1)
     assert reasons[-1] == chat_whole["choices"][0]["finish_reason"]
@@ -121,18 +134,24 @@ async def test_openai_chunk_grammar(real_app) -> None:
 
 async def test_official_openai_client_streams(real_app) -> None:
     async with running_server(real_app()) as server:
-        client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused",
-                                    max_retries=0)
+        client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
         try:
             stream = await client.completions.create(
-                model=MODEL, prompt=PROMPT, max_tokens=5, temperature=0, stream=True)
+                model=MODEL, prompt=PROMPT, max_tokens=5, temperature=0, stream=True
+            )
             chunks = [chunk async for chunk in stream]
             chat = await client.chat.completions.create(
-                model=MODEL, messages=[{"role": "user", "content": "Say hi."}], max_tokens=5,
-                temperature=0, stream=True, stream_options={"include_usage": True})
+                model=MODEL,
+                messages=[{"role": "user", "content": "Say hi."}],
+                max_tokens=5,
+                temperature=0,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
             chat_chunks = [chunk async for chunk in chat]
             whole = await client.completions.create(
-                model=MODEL, prompt=PROMPT, max_tokens=5, temperature=0)
+                model=MODEL, prompt=PROMPT, max_tokens=5, temperature=0
+            )
         finally:
             await client.close()
     assert "".join(c.choices[0].text for c in chunks) == whole.choices[0].text
@@ -147,10 +166,11 @@ async def test_16_concurrent_greedy_streams_equal_each_alone(real_app_fp32) -> N
     """12 streams share one batch from their first step, 4 more join it mid-flight, and each
     reads what it reads alone (float32: see the default_model_fp32 fixture for why bfloat16
     greedy is not batch-stable)."""
-    prompts = [f"{start} number {n} is" for start in ("The", "My", "Our", "Your")
-               for n in range(2)]
-    bodies = [{"model": MODEL, "prompt": p, "max_tokens": 10, "temperature": 0,
-               "stream": True} for p in prompts] * 2  # 16 streams, 8 distinct
+    prompts = [f"{start} number {n} is" for start in ("The", "My", "Our", "Your") for n in range(2)]
+    bodies = [
+        {"model": MODEL, "prompt": p, "max_tokens": 10, "temperature": 0, "stream": True}
+        for p in prompts
+    ] * 2  # 16 streams, 8 distinct
     gate = StepGate()
     app = real_app_fp32(engine={"max_batch_size": 16}, gate=gate)
     engine = app.extensions["infer"].engine
@@ -167,8 +187,10 @@ async def test_16_concurrent_greedy_streams_equal_each_alone(real_app_fp32) -> N
     def decoded() -> list[int]:  # tokens of each running request (the engine waits at the gate)
         return [len(r.output_ids) for r in engine.scheduler.running]
 
-    async with running_server(app) as server, httpx.AsyncClient(
-            base_url=server.url, timeout=300) as client:
+    async with (
+        running_server(app) as server,
+        httpx.AsyncClient(base_url=server.url, timeout=300) as client,
+    ):
         alone = {body["prompt"]: await run(body) for body in bodies[:8]}
         with gate:
             gate.close()
@@ -193,18 +215,29 @@ async def test_16_concurrent_greedy_streams_equal_each_alone(real_app_fp32) -> N
 
 async def test_emoji_and_cjk_arrive_as_valid_utf8(real_app, default_model) -> None:
     tokenizer = default_model.tokenizer
-    cjk = {"messages": [{"role": "user", "content":
-                         "Translate to Chinese: Good morning! Add a smiley emoji."}],
-           "max_tokens": 96, "temperature": 0}
+    cjk = {
+        "messages": [
+            {"role": "user", "content": "Translate to Chinese: Good morning! Add a smiley emoji."}
+        ],
+        "max_tokens": 96,
+        "temperature": 0,
+    }
     # Greedy, this prompt repeats an emoji of 3 tokens: 24 tokens end on a whole character.
-    emoji = {"messages": [{"role": "user", "content":
-                           "Reply with only this text: 你好，世界！😀"}],
-             "max_tokens": 24, "temperature": 0}
-    async with running_server(real_app()) as server, httpx.AsyncClient(
-            base_url=server.url, timeout=120) as client:
+    emoji = {
+        "messages": [{"role": "user", "content": "Reply with only this text: 你好，世界！😀"}],
+        "max_tokens": 24,
+        "temperature": 0,
+    }
+    async with (
+        running_server(real_app()) as server,
+        httpx.AsyncClient(base_url=server.url, timeout=120) as client,
+    ):
         runs = [await stream_events(client, "/v1/generate", body) for body in (cjk, emoji)]
-        chat = data_chunks(await stream_events(
-            client, "/v1/chat/completions", {"model": MODEL, "stream": True} | cjk))
+        chat = data_chunks(
+            await stream_events(
+                client, "/v1/chat/completions", {"model": MODEL, "stream": True} | cjk
+            )
+        )
     for events, wide in zip(runs, ("\u4e00", "\U0001f300"), strict=True):
         text = native_text(events)
         assert "\ufffd" not in text and any(ch >= wide for ch in text), text

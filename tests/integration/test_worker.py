@@ -9,17 +9,22 @@ import trio
 
 from infer.engine.config import EngineConfig
 from infer.engine.engine import Engine, QueueFullError
-from infer.engine.request import StepOutput, TraceSpec
-from infer.engine.sampler import SamplingParams
-from infer.server import worker as worker_module
+from infer.engine.request import ErrorCode, FinishReason, StepOutput, TraceSpec
+from infer.engine.sampling import SamplingParams
 from infer.server.config import ServerConfig
-from infer.server.worker import EngineWorker, WorkerStoppedError
+from infer.server.stream import SLOW_CLIENT, RequestStream
+from infer.server.worker import EngineWorker, SettlePolicy, WorkerStoppedError
+
+LENGTH = FinishReason.LENGTH
+SETTLE = {"policy": SettlePolicy()}
 
 
 def _worker(model, tokenizer, **kw) -> EngineWorker:
     wkw = {k: kw.pop(k) for k in ("output_buffer", "max_pending_tokens") if k in kw}
     config = EngineConfig(**({"max_batch_size": 4, "max_seq_len": 512} | kw))
-    return EngineWorker(Engine.from_components(config, model, tokenizer, []), **wkw)
+    return EngineWorker(
+        Engine.from_components(config, model, tokenizer, []), settle=SETTLE["policy"], **wkw
+    )
 
 
 @pytest.fixture(autouse=True, params=["settle-default", "settle-every-step"])
@@ -28,15 +33,31 @@ def _settle(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
     only after large steps (the default, which these small batches never reach), and after
     every decode step, so aborts, slow readers and shutdown also meet that wait."""
     if request.param == "settle-every-step":
-        monkeypatch.setattr(worker_module, "SETTLE_MIN_OUTPUTS", 1)
+        monkeypatch.setitem(SETTLE, "policy", SettlePolicy(min_rows=1))
 
 
 def _params(n: int = 16) -> SamplingParams:
     return SamplingParams(max_new_tokens=n, temperature=0.0, ignore_eos=True)
 
 
-async def _collect(handle) -> list[StepOutput]:
-    return [out async for out in handle]
+def _submit(
+    worker: EngineWorker,
+    prompt: list[int],
+    params: SamplingParams,
+    trace: TraceSpec | None = None,
+    timeout_s: float | None = None,
+) -> RequestStream:
+    return worker.submit([prompt], [params], trio.current_time(), trace, timeout_s)
+
+
+async def _collect(stream: RequestStream) -> list[StepOutput]:
+    outs = []
+    with stream:
+        while not stream.finished:
+            item = await stream.next()
+            assert item is not None and item[0] == 0
+            outs.append(item[1])
+    return outs
 
 
 async def test_streams_complete_with_one_terminal(tiny_model, default_tokenizer) -> None:
@@ -46,7 +67,7 @@ async def test_streams_complete_with_one_terminal(tiny_model, default_tokenizer)
         await nursery.start(worker.run)
 
         async def one(i: int) -> None:
-            results[i] = await _collect(worker.submit([1, 2, 3 + i], _params(8 + i)))
+            results[i] = await _collect(_submit(worker, [1, 2, 3 + i], _params(8 + i)))
 
         async with trio.open_nursery() as clients:
             for i in range(6):
@@ -54,7 +75,7 @@ async def test_streams_complete_with_one_terminal(tiny_model, default_tokenizer)
         nursery.cancel_scope.cancel()
     for i, outs in results.items():
         assert [o.finished for o in outs].count(True) == 1 and outs[-1].finished
-        assert outs[-1].finish_reason == "length"
+        assert outs[-1].outcome is LENGTH
         assert sum(o.token_id is not None for o in outs) == 8 + i
 
 
@@ -62,12 +83,12 @@ async def test_abort_frees_the_slot(tiny_model, default_tokenizer) -> None:
     worker = _worker(tiny_model, default_tokenizer, max_batch_size=1)
     async with trio.open_nursery() as nursery:
         await nursery.start(worker.run)
-        first = worker.submit([1, 2, 3], _params(400))
-        await first.__anext__()
-        first.abort()
-        first.abort()
-        second = await _collect(worker.submit([4, 5], _params(4)))  # needs first's only slot
-        assert second[-1].finish_reason == "length"
+        first = _submit(worker, [1, 2, 3], _params(400))
+        await first.next()
+        first.close()
+        first.close()
+        second = await _collect(_submit(worker, [4, 5], _params(4)))  # needs first's only slot
+        assert second[-1].outcome is LENGTH
         with trio.fail_after(30):
             while worker.waiting or worker.engine.has_work():
                 await trio.sleep(0.01)
@@ -79,22 +100,23 @@ async def test_slow_reader_is_coalesced_then_ended(tiny_model, default_tokenizer
     worker = _worker(tiny_model, default_tokenizer, output_buffer=2, max_pending_tokens=1000)
     async with trio.open_nursery() as nursery:
         await nursery.start(worker.run)
-        slow = worker.submit([1, 2, 3], _params(60))
-        fast = await _collect(worker.submit([7, 8], _params(60)))  # never waits on `slow`
-        assert fast[-1].finish_reason == "length"
+        slow = _submit(worker, [1, 2, 3], _params(60))
+        fast = await _collect(_submit(worker, [7, 8], _params(60)))  # never waits on `slow`
+        assert fast[-1].outcome is LENGTH
         outs = await _collect(slow)  # read only after it has finished
-        assert outs[-1].finish_reason == "length" and len(outs) < 60  # coalesced
-        alone = await _collect(worker.submit([1, 2, 3], _params(60)))
+        assert outs[-1].outcome is LENGTH and len(outs) < 60  # coalesced
+        alone = await _collect(_submit(worker, [1, 2, 3], _params(60)))
         assert "".join(o.text_delta for o in outs) == "".join(o.text_delta for o in alone)
 
-        stuck = worker.submit([1, 2, 3], SamplingParams(max_new_tokens=400, temperature=0.0,
-                                                        ignore_eos=True))
-        worker.max_pending_tokens = 5
+        worker.max_pending_tokens = 5  # for streams submitted from now on
+        stuck = _submit(
+            worker, [1, 2, 3], SamplingParams(max_new_tokens=400, temperature=0.0, ignore_eos=True)
+        )
         with trio.fail_after(60):
             while worker.waiting or worker.engine.has_work():
                 await trio.sleep(0.01)
         outs = await _collect(stuck)
-        assert outs[-1].finished and outs[-1].error_code == "SLOW_CLIENT"
+        assert outs[-1].outcome is ErrorCode.OVERLOADED and outs[-1].message == SLOW_CLIENT
         assert sum(o.finished for o in outs) == 1
         nursery.cancel_scope.cancel()
 
@@ -104,11 +126,11 @@ async def test_queue_full_is_refused_at_once(tiny_model, default_tokenizer) -> N
     async with trio.open_nursery() as nursery:
         await nursery.start(worker.run)
         # No checkpoint between the submits: the engine thread cannot take any of them.
-        handles = [worker.submit([1, 2], _params(4)), worker.submit([1, 2], _params(4))]
+        handles = [_submit(worker, [1, 2], _params(4)), _submit(worker, [1, 2], _params(4))]
         with pytest.raises(QueueFullError):
-            worker.submit([1, 2], _params(4))
+            _submit(worker, [1, 2], _params(4))
         for h in handles:
-            assert (await _collect(h))[-1].finish_reason == "length"
+            assert (await _collect(h))[-1].outcome is LENGTH
         nursery.cancel_scope.cancel()
 
 
@@ -116,8 +138,8 @@ async def test_timeout_ends_with_length_and_timeout_code(tiny_model, default_tok
     worker = _worker(tiny_model, default_tokenizer)
     async with trio.open_nursery() as nursery:
         await nursery.start(worker.run)
-        outs = await _collect(worker.submit([1, 2], _params(500), timeout_s=0.0))
-        assert outs[-1].finish_reason == "length" and outs[-1].error_code == "TIMEOUT"
+        outs = await _collect(_submit(worker, [1, 2], _params(500), timeout_s=0.0))
+        assert outs[-1].outcome is ErrorCode.TIMEOUT and ErrorCode.TIMEOUT.finish_reason == "length"
         nursery.cancel_scope.cancel()
 
 
@@ -126,45 +148,46 @@ async def test_shutdown_ends_every_stream(tiny_model, default_tokenizer) -> None
     handles = []
     async with trio.open_nursery() as nursery:
         await nursery.start(worker.run)
-        handles = [worker.submit([1, 2, 3], _params(500)) for _ in range(3)]
-        await handles[0].__anext__()
+        handles = [_submit(worker, [1, 2, 3], _params(500)) for _ in range(3)]
+        await handles[0].next()
         nursery.cancel_scope.cancel()
     for h in handles:
         outs = await _collect(h)
-        assert outs[-1].finished and outs[-1].error_code == "CANCELLED"
+        assert outs[-1].outcome is ErrorCode.CANCELLED
 
 
 async def test_submit_is_refused_once_the_loop_has_stopped(tiny_model, default_tokenizer) -> None:
     worker = _worker(tiny_model, default_tokenizer)
     with pytest.raises(WorkerStoppedError):
-        worker.submit([1, 2], _params(4))  # not started yet
+        _submit(worker, [1, 2], _params(4))  # not started yet
     async with trio.open_nursery() as nursery:
         await nursery.start(worker.run)
-        assert (await _collect(worker.submit([1, 2], _params(2))))[-1].finish_reason == "length"
+        assert (await _collect(_submit(worker, [1, 2], _params(2))))[-1].outcome is LENGTH
         nursery.cancel_scope.cancel()
     with pytest.raises(WorkerStoppedError):
-        worker.submit([1, 2], _params(4))
-    assert worker._streams == {}
+        _submit(worker, [1, 2], _params(4))
+    assert worker._choices == {}
 
 
 async def test_static_batch_wait_does_not_spin(tiny_model, default_tokenizer) -> None:
     """While a partial static batch waits for more requests, the engine thread sleeps."""
-    worker = _worker(tiny_model, default_tokenizer, batching_mode="static",
-                     batch_wait_timeout_s=0.5)
+    worker = _worker(
+        tiny_model, default_tokenizer, batching_mode="static", batch_wait_timeout_s=0.5
+    )
     hops = 0
     exchange = worker._exchange
 
-    def counted(outputs: list[StepOutput]) -> Any:
+    def counted(*args: Any) -> Any:
         nonlocal hops
         hops += 1
-        return exchange(outputs)
+        return exchange(*args)
 
     worker._exchange = counted  # type: ignore[method-assign]
     async with trio.open_nursery() as nursery:
         await nursery.start(worker.run)
-        outs = await _collect(worker.submit([1, 2, 3], _params(4)))
+        outs = await _collect(_submit(worker, [1, 2, 3], _params(4)))
         nursery.cancel_scope.cancel()
-    assert outs[-1].finish_reason == "length"
+    assert outs[-1].outcome is LENGTH
     # One hop to take the request, one when the batch wait ends, one per step (5): not
     # one per loop turn for half a second.
     assert hops <= 12, hops
@@ -175,36 +198,38 @@ async def test_a_slow_reader_keeps_every_logprob_and_trace(tiny_model, default_t
     params = SamplingParams(max_new_tokens=30, temperature=0.0, ignore_eos=True, logprobs=2)
     async with trio.open_nursery() as nursery:
         await nursery.start(worker.run)
-        slow = worker.submit([1, 2, 3], params, TraceSpec(top_k=3))
-        await _collect(worker.submit([7, 8], _params(40)))  # `slow` finishes meanwhile, unread
+        slow = _submit(worker, [1, 2, 3], params, TraceSpec(top_k=3))
+        await _collect(_submit(worker, [7, 8], _params(40)))  # `slow` finishes meanwhile, unread
         outs = await _collect(slow)
         nursery.cancel_scope.cancel()
     tokens = [o for o in outs if o.token_id is not None]
     assert outs[-1].completion_tokens == 30 == len(tokens)
-    assert all(o.logprob is not None and o.top_logprobs and o.trace for o in tokens)
+    assert all(o.logprobs is not None and o.logprobs.top and o.trace for o in tokens)
 
 
 def test_the_slow_reader_limit_fires_at_default_settings() -> None:
     assert ServerConfig().max_pending_tokens < EngineConfig().max_seq_len
 
 
-async def test_a_request_the_engine_refuses_ends_invalid_request(tiny_model,
-                                                                 default_tokenizer) -> None:
+async def test_a_request_the_engine_refuses_ends_invalid_request(
+    tiny_model, default_tokenizer
+) -> None:
     worker = _worker(tiny_model, default_tokenizer)
     async with trio.open_nursery() as nursery:
         await nursery.start(worker.run)
         vocab = tiny_model.config.vocab_size
-        outs = await _collect(worker.submit([1, vocab + 5], _params(4)))  # unchecked ids
+        outs = await _collect(_submit(worker, [1, vocab + 5], _params(4)))  # unchecked ids
         nursery.cancel_scope.cancel()
-    assert len(outs) == 1 and outs[0].finished and outs[0].error_code == "INVALID_REQUEST"
-    assert worker._streams == {}
+    assert len(outs) == 1 and outs[0].outcome is ErrorCode.INVALID_REQUEST
+    assert worker._choices == {}
 
 
 async def test_an_event_loop_that_never_idles_does_not_stall_the_engine(
-        tiny_model, default_tokenizer, monkeypatch: pytest.MonkeyPatch) -> None:
+    tiny_model, default_tokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """After a decode step the engine waits for the event loop to write its tokens, but only
     for so long: a task that is always runnable must not hold the next step back for good."""
-    monkeypatch.setattr(worker_module, "SETTLE_MIN_OUTPUTS", 1)  # settle after every step
+    monkeypatch.setitem(SETTLE, "policy", SettlePolicy(min_rows=1))  # after every step
     worker = _worker(tiny_model, default_tokenizer)
 
     async def busy() -> None:
@@ -215,7 +240,7 @@ async def test_an_event_loop_that_never_idles_does_not_stall_the_engine(
         await nursery.start(worker.run)
         nursery.start_soon(busy)
         with trio.fail_after(60):
-            outs = await _collect(worker.submit([1, 2, 3], _params(24)))
+            outs = await _collect(_submit(worker, [1, 2, 3], _params(24)))
         nursery.cancel_scope.cancel()
-    assert outs[-1].finish_reason == "length"
+    assert outs[-1].outcome is LENGTH
     assert sum(o.token_id is not None for o in outs) == 24

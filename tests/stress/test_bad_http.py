@@ -6,38 +6,50 @@ from __future__ import annotations
 import httpx
 import trio
 
-from infer.server.testing import PROMPT, running_server, wait_for
+from support.server import PROMPT, running_server, wait_for
 
 
 async def test_413_closes_or_drains_the_connection(tiny_app) -> None:
     """The next request on the same keep-alive client is answered, not left waiting."""
     app = tiny_app(max_body_bytes=4096)
     big = b'{"prompt": "' + b"x" * 10_000_000 + b'"}'
-    async with running_server(app) as server, httpx.AsyncClient(
-            base_url=server.url, timeout=30) as client:
-        r = await client.post("/v1/generate", content=big,
-                              headers={"Content-Type": "application/json"})
+    async with (
+        running_server(app) as server,
+        httpx.AsyncClient(base_url=server.url, timeout=30) as client,
+    ):
+        r = await client.post(
+            "/v1/generate", content=big, headers={"Content-Type": "application/json"}
+        )
         assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
         health = await client.get("/health")
         assert health.status_code == 200
-        ok = await client.post("/v1/completions", json={
-            "model": "tiny", "prompt": PROMPT, "max_tokens": 3})
+        ok = await client.post(
+            "/v1/completions", json={"model": "tiny", "prompt": PROMPT, "max_tokens": 3}
+        )
         assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 3
 
 
 async def test_deeply_nested_json_is_a_400(tiny_app) -> None:
     app = tiny_app(max_body_bytes=1_000_000)
-    async with running_server(app) as server, httpx.AsyncClient(
-            base_url=server.url, timeout=30) as client:
-        for path in ("/v1/generate", "/v1/completions", "/v1/chat/completions",
-                     "/v1/inspect/attention"):
+    async with (
+        running_server(app) as server,
+        httpx.AsyncClient(base_url=server.url, timeout=30) as client,
+    ):
+        for path in (
+            "/v1/generate",
+            "/v1/completions",
+            "/v1/chat/completions",
+            "/v1/inspect/attention",
+        ):
             for body in (b"[" * 100_000, b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"):
-                r = await client.post(path, content=body,
-                                      headers={"Content-Type": "application/json"})
+                r = await client.post(
+                    path, content=body, headers={"Content-Type": "application/json"}
+                )
                 assert r.status_code == 400, (path, r.text)
                 assert r.json()["error"]["code"] == "invalid_json"
-        ok = await client.post("/v1/completions", json={
-            "model": "tiny", "prompt": PROMPT, "max_tokens": 2})
+        ok = await client.post(
+            "/v1/completions", json={"model": "tiny", "prompt": PROMPT, "max_tokens": 2}
+        )
         assert ok.status_code == 200
 
 
@@ -75,24 +87,29 @@ async def test_malformed_http_gets_4xx_and_the_server_keeps_serving(tiny_app) ->
     post = b"POST /v1/generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
     attacks = {
         "garbage request line": b"\x00\xffGARBAGE \x01\r\n\r\n",
-        "200 KB header": b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 200_000
-                         + b"\r\n\r\n",
+        "200 KB header": b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: "
+        + b"a" * 200_000
+        + b"\r\n\r\n",
         "negative Content-Length": post + b"Content-Length: -5\r\n\r\n{}",
         "broken chunked encoding": post + b"Transfer-Encoding: chunked\r\n\r\n"
-                                   b"ZZ\r\n{}\r\n0\r\n\r\n",
+        b"ZZ\r\n{}\r\n0\r\n\r\n",
         "two Content-Lengths": post + b"Content-Length: 2\r\nContent-Length: 9\r\n\r\n{}",
     }
-    async with running_server(app) as server, httpx.AsyncClient(
-            base_url=server.url, timeout=30) as client:
+    async with (
+        running_server(app) as server,
+        httpx.AsyncClient(base_url=server.url, timeout=30) as client,
+    ):
         port = int(server.url.rsplit(":", 1)[1])
         results = {name: _status(await _raw(port, data)) for name, data in attacks.items()}
-        short = await _raw(port, post + b'Content-Length: 1000\r\n\r\n{"prompt": "hi"',
-                           close_write=True)
+        short = await _raw(
+            port, post + b'Content-Length: 1000\r\n\r\n{"prompt": "hi"', close_write=True
+        )
         health = await client.get("/health")
-        ok = await client.post("/v1/completions", json={
-            "model": "tiny", "prompt": PROMPT, "max_tokens": 2})
+        ok = await client.post(
+            "/v1/completions", json={"model": "tiny", "prompt": PROMPT, "max_tokens": 2}
+        )
         state = app.extensions["infer"]
-        await wait_for(lambda: state.streams.active == 0 and not state.worker._streams)
+        await wait_for(lambda: not state.worker._open and not state.worker._choices)
     assert all(400 <= status < 500 for status in results.values()), results
     assert short == b"" or 400 <= _status(short) < 500  # a body that never came: no answer
     assert health.status_code == 200 and ok.status_code == 200
@@ -100,8 +117,10 @@ async def test_malformed_http_gets_4xx_and_the_server_keeps_serving(tiny_app) ->
 
 async def test_stalled_half_headers_do_not_block_health(tiny_app) -> None:
     app = tiny_app()
-    async with running_server(app) as server, httpx.AsyncClient(
-            base_url=server.url, timeout=30) as client:
+    async with (
+        running_server(app) as server,
+        httpx.AsyncClient(base_url=server.url, timeout=30) as client,
+    ):
         port = int(server.url.rsplit(":", 1)[1])
         stalled = []
         try:

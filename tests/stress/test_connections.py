@@ -22,7 +22,7 @@ from hypercorn.events import Closed, RawData
 from hypercorn.trio.worker_context import WorkerContext
 
 from infer.server.serve import Connection
-from infer.server.testing import (
+from support.server import (
     PROMPT,
     Stream,
     metrics,
@@ -40,10 +40,17 @@ BODY = json.dumps(native(48, ignore_eos=True)).encode()
 
 def _h2_request(conn: h2.connection.H2Connection, port: int, body: bytes) -> int:
     stream_id = conn.get_next_available_stream_id()
-    conn.send_headers(stream_id, [
-        (":method", "POST"), (":path", "/v1/generate"), (":scheme", "http"),
-        (":authority", f"127.0.0.1:{port}"), ("content-type", "application/json"),
-        ("content-length", str(len(body)))])
+    conn.send_headers(
+        stream_id,
+        [
+            (":method", "POST"),
+            (":path", "/v1/generate"),
+            (":scheme", "http"),
+            (":authority", f"127.0.0.1:{port}"),
+            ("content-type", "application/json"),
+            ("content-length", str(len(body))),
+        ],
+    )
     conn.send_data(stream_id, body, end_stream=True)
     return stream_id
 
@@ -65,8 +72,9 @@ async def _h2_misbehave(port: int, how: str, rng: random.Random) -> None:
                     return
                 for event in conn.receive_data(data):
                     if isinstance(event, h2.events.DataReceived):
-                        conn.acknowledge_received_data(event.flow_controlled_length,
-                                                       event.stream_id)
+                        conn.acknowledge_received_data(
+                            event.flow_controlled_length, event.stream_id
+                        )
                         frames += 1
                 if how == "ping":
                     conn.ping(rng.randbytes(8))
@@ -92,8 +100,10 @@ async def _h2_misbehave(port: int, how: str, rng: random.Random) -> None:
 async def _h1_misbehave(port: int, how: str, rng: random.Random) -> None:
     """Start an HTTP/1.1 stream, then half-close, send garbage or vanish part-way."""
     stream = await trio.open_tcp_stream("127.0.0.1", port)
-    head = (f"POST /v1/generate HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(BODY)}\r\n\r\n").encode()
+    head = (
+        f"POST /v1/generate HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(BODY)}\r\n\r\n"
+    ).encode()
     try:
         await stream.send_all(head + BODY)
         with trio.move_on_after(rng.random() * 0.3):
@@ -123,24 +133,25 @@ async def test_misbehaving_connections_never_end_the_server(tiny_app) -> None:
     good: list[Stream] = []
     async with running_server(app) as server:
         port = int(server.url.rsplit(":", 1)[1])
-        async with httpx.AsyncClient(base_url=server.url, timeout=120) as h1, \
-                httpx.AsyncClient(base_url=server.url, timeout=120, http1=False,
-                                  http2=True) as h2c:
+        async with (
+            httpx.AsyncClient(base_url=server.url, timeout=120) as h1,
+            httpx.AsyncClient(base_url=server.url, timeout=120, http1=False, http2=True) as h2c,
+        ):
             for _ in range(ROUNDS):
                 async with trio.open_nursery() as nursery:
                     for client in (h1, h2c, h2c):
                         s = Stream()
                         good.append(s)
-                        nursery.start_soon(read_stream, client, "/v1/generate",
-                                           native(24), s)
+                        nursery.start_soon(read_stream, client, "/v1/generate", native(24), s)
                     for how in H2_WAYS:
                         nursery.start_soon(_h2_misbehave, port, how, rng)
                     for how in ("half-close", "garbage", "vanish"):
                         nursery.start_soon(_h1_misbehave, port, how, rng)
             await wait_for(lambda: _idle(h1))
             health = await h1.get("/health")
-            after = await h2c.post("/v1/completions", json={
-                "model": "tiny", "prompt": PROMPT, "max_tokens": 4})
+            after = await h2c.post(
+                "/v1/completions", json={"model": "tiny", "prompt": PROMPT, "max_tokens": 4}
+            )
             stats = await metrics(h1)
     assert health.status_code == 200 and health.json()["running"] == 0
     assert after.status_code == 200 and after.json()["usage"]["completion_tokens"] == 4
@@ -154,10 +165,14 @@ async def test_a_bad_h2c_upgrade_closes_only_its_connection(tiny_app) -> None:
     """An ``HTTP2-Settings`` header that is not base64 makes h2 raise inside Hypercorn's
     connection handler: contained, it ends that connection and nothing else."""
     app = tiny_app()
-    request = (b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\n"
-               b"Upgrade: h2c\r\nHTTP2-Settings: !!!notbase64\r\n\r\n")
-    async with running_server(app) as server, httpx.AsyncClient(
-            base_url=server.url, timeout=60) as client:
+    request = (
+        b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\n"
+        b"Upgrade: h2c\r\nHTTP2-Settings: !!!notbase64\r\n\r\n"
+    )
+    async with (
+        running_server(app) as server,
+        httpx.AsyncClient(base_url=server.url, timeout=60) as client,
+    ):
         port = int(server.url.rsplit(":", 1)[1])
         s = Stream()
         async with trio.open_nursery() as nursery:
@@ -192,8 +207,9 @@ async def test_a_close_never_races_a_send() -> None:
     for _ in range(50):
         ours, theirs = trio.socket.socketpair()
         with theirs:
-            connection = Connection(None, HypercornConfig(), WorkerContext(None), {},
-                                    trio.SocketStream(ours))
+            connection = Connection(
+                None, HypercornConfig(), WorkerContext(None), {}, trio.SocketStream(ours)
+            )
             connection.protocol = _Protocol()
             go = trio.Event()
             async with trio.open_nursery() as nursery:

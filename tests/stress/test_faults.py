@@ -12,9 +12,10 @@ import httpx
 import trio
 from hypercorn.config import Config as HypercornConfig
 
-from infer.server import events, openai
+from infer.api import native as native_events
+from infer.api import openai
 from infer.server.serve import serve_app
-from infer.server.testing import (
+from support.server import (
     StepGate,
     Stream,
     metrics,
@@ -22,6 +23,7 @@ from infer.server.testing import (
     read_stream,
     running_server,
     step_until,
+    stop_on_failure,
     wait_for,
 )
 
@@ -47,8 +49,10 @@ async def test_a_failure_after_the_forward_ends_only_that_request(tiny_app) -> N
     gate = StepGate()
     app = tiny_app(gate=gate)
     victim, other, alone = Stream(), Stream(), Stream()
-    async with running_server(app) as server, httpx.AsyncClient(
-            base_url=server.url, timeout=120) as client:
+    async with (
+        running_server(app) as server,
+        httpx.AsyncClient(base_url=server.url, timeout=120) as client,
+    ):
         await read_stream(client, "/v1/generate", native(12), alone)
         with gate:
             gate.close()
@@ -85,11 +89,14 @@ def _break_the_loop(app: Any) -> None:
     app.extensions["infer"].engine.scheduler.schedule = schedule
 
 
-async def _open_streams_then_break(app: Any, gate: StepGate, client: httpx.AsyncClient,
-                                   runs: list[Stream]) -> None:
+async def _open_streams_then_break(
+    app: Any, gate: StepGate, client: httpx.AsyncClient, runs: list[Stream]
+) -> None:
     """Stream a native and an OpenAI request; once both have output, break the loop."""
-    bodies = [("/v1/generate", native(300)),
-              ("/v1/completions", native(300, model="tiny", stream=True))]
+    bodies = [
+        ("/v1/generate", native(300)),
+        ("/v1/completions", native(300, model="tiny", stream=True)),
+    ]
     gate.close()
     async with trio.open_nursery() as streams:
         for (path, body), s in zip(bodies, runs, strict=True):
@@ -108,14 +115,15 @@ def _assert_error_terminals(runs: list[Stream]) -> None:
     assert chunks[-1] == "[DONE]" and '"code":"inference_failed"' in str(chunks[-2])
 
 
-async def test_an_engine_loop_failure_ends_every_stream_and_fails_health(tiny_app, caplog
-                                                                          ) -> None:
+async def test_an_engine_loop_failure_ends_every_stream_and_fails_health(tiny_app, caplog) -> None:
     gate = StepGate()
     app = tiny_app(gate=gate)
     runs = [Stream(), Stream()]
     with gate, caplog.at_level(logging.ERROR, logger="infer.server"):
-        async with running_server(app) as server, httpx.AsyncClient(
-                base_url=server.url, timeout=120) as client:
+        async with (
+            running_server(app) as server,
+            httpx.AsyncClient(base_url=server.url, timeout=120) as client,
+        ):
             await _open_streams_then_break(app, gate, client, runs)
             health = await client.get("/health")
             late = await client.post("/v1/generate", json=native(4))
@@ -141,26 +149,56 @@ async def test_an_engine_loop_failure_stops_infer_serve_with_status_1(tiny_app) 
     with gate:
         async with trio.open_nursery() as nursery:
             urls = await nursery.start(serve)
-            async with httpx.AsyncClient(base_url=urls[0], timeout=120) as client:
-                await _open_streams_then_break(app, gate, client, runs)
-            await wait_for(lambda: exit_status, timeout_s=60)  # no signal was sent
+            with stop_on_failure(nursery, gate):
+                async with httpx.AsyncClient(base_url=urls[0], timeout=120) as client:
+                    await _open_streams_then_break(app, gate, client, runs)
+                await wait_for(lambda: exit_status, timeout_s=60)  # no signal was sent
     assert exit_status == [1]
     _assert_error_terminals(runs)
 
 
-async def test_a_server_error_in_a_stream_is_not_a_client_disconnect(tiny_app, monkeypatch
-                                                                     ) -> None:
+async def test_a_failing_assertion_with_the_gate_closed_fails_instead_of_hanging(tiny_app) -> None:
+    """The harness itself: a server nothing signals, a held engine, a failed assertion."""
+    gate = StepGate()
+    app = tiny_app(gate=gate)
+    hyper = HypercornConfig()
+    hyper.bind = ["127.0.0.1:0"]
+    run = Stream()
+    failed = False
+    with trio.fail_after(60):
+        try:
+            with gate:
+                async with trio.open_nursery() as nursery:
+                    urls = await nursery.start(serve_app, app, hyper)
+                    with stop_on_failure(nursery, gate):
+                        async with (
+                            httpx.AsyncClient(base_url=urls[0], timeout=120) as client,
+                            trio.open_nursery() as reads,
+                        ):
+                            gate.close()
+                            reads.start_soon(read_stream, client, "/v1/generate", native(40), run)
+                            await wait_for(lambda: gate.blocked)
+                            raise AssertionError("a check failed while the engine was held")
+        except* AssertionError:
+            failed = True
+    assert failed
+
+
+async def test_a_server_error_in_a_stream_is_not_a_client_disconnect(tiny_app, monkeypatch) -> None:
     def broken(*args: Any) -> bytes:
         raise RuntimeError("a bug while framing events")
 
-    monkeypatch.setattr(events, "_payloads", broken)
-    monkeypatch.setattr(openai, "_chunk_frames", broken)
+    monkeypatch.setattr(native_events, "events", broken)
+    monkeypatch.setattr(openai, "output_chunks", broken)
     app = tiny_app()
-    async with running_server(app) as server, httpx.AsyncClient(
-            base_url=server.url, timeout=120) as client:
+    async with (
+        running_server(app) as server,
+        httpx.AsyncClient(base_url=server.url, timeout=120) as client,
+    ):
         native_run = await client.post("/v1/generate", json=native(20))
-        openai_run = await client.post("/v1/completions",
-                                       json=native(20, model="tiny", stream=True))
+        openai_run = await client.post(
+            "/v1/completions", json=native(20, model="tiny", stream=True)
+        )
         stats = await metrics(client)
     assert native_run.text.count("event: error") == 1
     assert '"code":"INFERENCE_FAILED"' in native_run.text

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import trio
 
-from infer.server.testing import PROMPT, metrics, running_server, wait_for
+from support.server import PROMPT, metrics, running_server, wait_for
 
 STREAMS = 64
 GATEWAY = Path(sys.executable).with_name("sglang-router")
@@ -28,8 +28,12 @@ def _free_port() -> int:
 
 
 async def _chat(client: httpx.AsyncClient, i: int, texts: list[str]) -> None:
-    body = {"model": "tiny", "stream": True, "max_tokens": 16,
-            "messages": [{"role": "user", "content": f"{PROMPT} ({i})"}]}
+    body = {
+        "model": "tiny",
+        "stream": True,
+        "max_tokens": 16,
+        "messages": [{"role": "user", "content": f"{PROMPT} ({i})"}],
+    }
     async with client.stream("POST", "/v1/chat/completions", json=body) as r:
         assert r.status_code == 200, await r.aread()
         texts.append("".join([chunk async for chunk in r.aiter_text()]))
@@ -37,8 +41,9 @@ async def _chat(client: httpx.AsyncClient, i: int, texts: list[str]) -> None:
 
 async def _gateway_ready(client: httpx.AsyncClient) -> bool:
     try:
-        r = await client.post("/v1/completions", json={
-            "model": "tiny", "prompt": PROMPT, "max_tokens": 1})
+        r = await client.post(
+            "/v1/completions", json={"model": "tiny", "prompt": PROMPT, "max_tokens": 1}
+        )
     except httpx.TransportError:
         return False
     return r.status_code == 200
@@ -46,16 +51,35 @@ async def _gateway_ready(client: httpx.AsyncClient) -> bool:
 
 async def test_two_replicas_behind_the_gateway_carry_64_streams(tiny_app) -> None:
     port, prometheus = _free_port(), _free_port()
-    async with running_server(tiny_app(engine={"max_batch_size": 32})) as one, \
-            running_server(tiny_app(engine={"max_batch_size": 32})) as two:
+    async with (
+        running_server(tiny_app(engine={"max_batch_size": 32})) as one,
+        running_server(tiny_app(engine={"max_batch_size": 32})) as two,
+    ):
         gateway = subprocess.Popen(
-            [str(GATEWAY), "launch", "--host", "127.0.0.1", "--port", str(port),
-             "--worker-urls", one.url, two.url, "--policy", "cache_aware",
-             "--prometheus-port", str(prometheus), "--log-level", "warn"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            [
+                str(GATEWAY),
+                "launch",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--worker-urls",
+                one.url,
+                two.url,
+                "--policy",
+                "cache_aware",
+                "--prometheus-port",
+                str(prometheus),
+                "--log-level",
+                "warn",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         try:
-            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}",
-                                         timeout=120) as client:
+            async with httpx.AsyncClient(
+                base_url=f"http://127.0.0.1:{port}", timeout=120
+            ) as client:
                 await wait_for(lambda: _gateway_ready(client), timeout_s=120, poll_s=0.5)
                 texts: list[str] = []
                 async with trio.open_nursery() as nursery:

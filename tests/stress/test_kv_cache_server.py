@@ -4,19 +4,20 @@ from __future__ import annotations
 
 import httpx
 
-from infer.server.testing import metrics, running_server
+from support.server import metrics, running_server
 
 SYSTEM = "You are a careful assistant. Answer in one short sentence, and never guess. " * 4
 
 
 async def test_shared_prefix_is_reused_and_blocks_come_back(tiny_app) -> None:
     app = tiny_app()
-    async with running_server(app) as server, httpx.AsyncClient(
-            base_url=server.url, timeout=120) as client:
+    async with (
+        running_server(app) as server,
+        httpx.AsyncClient(base_url=server.url, timeout=120) as client,
+    ):
         answers = []
         for question in ("What is two plus two?", "Name a colour."):
-            body = {"model": "tiny", "prompt": SYSTEM + question, "max_tokens": 8,
-                    "temperature": 0}
+            body = {"model": "tiny", "prompt": SYSTEM + question, "max_tokens": 8, "temperature": 0}
             r = await client.post("/v1/completions", json=body)
             assert r.status_code == 200
             answers.append(r.json()["choices"][0]["text"])

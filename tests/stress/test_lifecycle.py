@@ -17,7 +17,7 @@ from infer.engine.engine import Engine
 from infer.models.base import CausalLM
 from infer.server.app import create_app
 from infer.server.config import ServerConfig
-from infer.server.testing import (
+from support.server import (
     PROMPT,
     StepGate,
     Stream,
@@ -51,9 +51,9 @@ class HeldTokenizer:
         return getattr(self._inner, name)
 
 
-
 async def test_a_request_tokenizing_when_the_drain_begins_is_refused(
-        tiny_model: CausalLM, default_tokenizer: PreTrainedTokenizerBase) -> None:
+    tiny_model: CausalLM, default_tokenizer: PreTrainedTokenizerBase
+) -> None:
     tokenizer = HeldTokenizer(default_tokenizer)
     config = EngineConfig(max_seq_len=512, max_batch_size=4)
     engine = Engine(config, tiny_model, tokenizer, [], "tiny")  # type: ignore[arg-type]
@@ -61,18 +61,19 @@ async def test_a_request_tokenizing_when_the_drain_begins_is_refused(
     state = app.extensions["infer"]
     held = Stream()
     # A long graceful timeout: Hypercorn waits for the held request instead of cutting it.
-    async with running_server(app, graceful_timeout_s=120) as server, httpx.AsyncClient(
-            base_url=server.url, timeout=120) as client:
+    async with (
+        running_server(app, graceful_timeout_s=120) as server,
+        httpx.AsyncClient(base_url=server.url, timeout=120) as client,
+    ):
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(read_stream, client, "/v1/generate", native(50, HOLD + PROMPT),
-                               held)
+            nursery.start_soon(read_stream, client, "/v1/generate", native(50, HOLD + PROMPT), held)
             await wait_for(tokenizer.entered.is_set)
             server.shutdown()
             await wait_for(lambda: state.worker is not None and not state.worker.ready)
             tokenizer.release.set()
     assert held.status == 503, held
     assert held.error is not None and held.error["error"]["code"] == "shutting_down"
-    assert state.worker._streams == {}
+    assert state.worker._choices == {}
 
 
 async def test_a_response_never_sent_aborts_its_request(tiny_app) -> None:
@@ -87,12 +88,16 @@ async def test_a_response_never_sent_aborts_its_request(tiny_app) -> None:
             raise RuntimeError("a bug after the route returned")
         return response
 
-    async with running_server(app) as server, httpx.AsyncClient(
-            base_url=server.url, timeout=120) as client:
+    async with (
+        running_server(app) as server,
+        httpx.AsyncClient(base_url=server.url, timeout=120) as client,
+    ):
         with gate:
             gate.close()
-            for path, body in (("/v1/generate", native(300)),
-                               ("/v1/completions", native(300, model="tiny", stream=True))):
+            for path, body in (
+                ("/v1/generate", native(300)),
+                ("/v1/completions", native(300, model="tiny", stream=True)),
+            ):
                 r = await client.post(path, json=body, headers={"X-Break": "1"})
                 assert r.status_code == 500
                 # Aborted within a step or two, not decoded to max_tokens with no reader.
@@ -105,7 +110,7 @@ async def test_a_response_never_sent_aborts_its_request(tiny_app) -> None:
 def _idle(app: Any) -> bool:
     """No request is left: none known to the worker, none in the engine."""
     state = app.extensions["infer"]
-    return not state.worker._streams and not state.engine.has_work()
+    return not state.worker._choices and not state.engine.has_work()
 
 
 async def test_waiting_counts_only_what_waits(tiny_app) -> None:
@@ -113,8 +118,10 @@ async def test_waiting_counts_only_what_waits(tiny_app) -> None:
     gate = StepGate()
     app = tiny_app(gate=gate, engine={"max_batch_size": 4, "max_waiting_requests": 2})
     runs = [Stream() for _ in range(4)]
-    async with running_server(app) as server, httpx.AsyncClient(
-            base_url=server.url, timeout=120) as client:
+    async with (
+        running_server(app) as server,
+        httpx.AsyncClient(base_url=server.url, timeout=120) as client,
+    ):
         with gate:
             gate.close()
             async with trio.open_nursery() as nursery:
@@ -155,8 +162,10 @@ async def test_a_drain_mid_step_delivers_that_step_and_admits_nothing(tiny_app) 
     state = app.extensions["infer"]
     ending, running, queued = Stream(), Stream(), Stream()
     with gate:
-        async with running_server(app) as server, httpx.AsyncClient(
-                base_url=server.url, timeout=120) as client:
+        async with (
+            running_server(app) as server,
+            httpx.AsyncClient(base_url=server.url, timeout=120) as client,
+        ):
             gate.close()
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(read_stream, client, "/v1/generate", native(3), ending)

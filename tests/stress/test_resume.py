@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 import trio
 
-from infer.server.testing import (
+from support.server import (
     PROMPT,
     SSEEvent,
     StepGate,
@@ -32,8 +32,9 @@ def terminals(events: list[SSEEvent]) -> list[str]:
     return [e.event for e in events if e.event in ("done", "error")]
 
 
-async def read_some(client: httpx.AsyncClient, payload: dict, n: int,
-                    headers: dict[str, str] | None = None) -> list[SSEEvent]:
+async def read_some(
+    client: httpx.AsyncClient, payload: dict, n: int, headers: dict[str, str] | None = None
+) -> list[SSEEvent]:
     """Read events until ``n`` tokens have arrived, then drop the connection."""
     events: list[SSEEvent] = []
     async with client.stream("POST", "/v1/generate", json=payload, headers=headers) as r:
@@ -45,19 +46,23 @@ async def read_some(client: httpx.AsyncClient, payload: dict, n: int,
     return events
 
 
-async def read_all(client: httpx.AsyncClient, payload: dict,
-                   headers: dict[str, str] | None = None) -> list[SSEEvent]:
+async def read_all(
+    client: httpx.AsyncClient, payload: dict, headers: dict[str, str] | None = None
+) -> list[SSEEvent]:
     r = await client.post("/v1/generate", json=payload, headers=headers)
     assert r.status_code == 200, r.text
     return parse_sse(r.text)
 
 
 async def test_every_native_event_has_a_sequence_id(tiny_app) -> None:
-    async with running_server(tiny_app(resume_window_s=120)) as server, httpx.AsyncClient(
-            base_url=server.url, timeout=120) as client:
+    async with (
+        running_server(tiny_app(resume_window_s=120)) as server,
+        httpx.AsyncClient(base_url=server.url, timeout=120) as client,
+    ):
         plain = await client.post("/v1/generate", json=body(6, metrics_every=2))
-        resumable = await client.post("/v1/generate",
-                                      json=body(6, metrics_every=2, request_id="job-0"))
+        resumable = await client.post(
+            "/v1/generate", json=body(6, metrics_every=2, request_id="job-0")
+        )
     for r in (plain, resumable):
         events = [e for e in parse_sse(r.text) if e.comment is None]
         ids = [e.id for e in events]
@@ -69,8 +74,10 @@ async def test_every_native_event_has_a_sequence_id(tiny_app) -> None:
 async def test_a_reconnect_resumes_where_the_client_left(tiny_app) -> None:
     gate = StepGate()
     app = tiny_app(gate=gate, resume_window_s=120)
-    async with running_server(app) as server, httpx.AsyncClient(
-            base_url=server.url, timeout=120) as client:
+    async with (
+        running_server(app) as server,
+        httpx.AsyncClient(base_url=server.url, timeout=120) as client,
+    ):
         whole = await read_all(client, body())
         with gate:
             gate.close()
@@ -90,8 +97,10 @@ async def test_a_reconnect_resumes_where_the_client_left(tiny_app) -> None:
 
 
 async def test_the_same_request_again_replays_without_generating_again(tiny_app) -> None:
-    async with running_server(tiny_app(resume_window_s=120)) as server, httpx.AsyncClient(
-            base_url=server.url, timeout=120) as client:
+    async with (
+        running_server(tiny_app(resume_window_s=120)) as server,
+        httpx.AsyncClient(base_url=server.url, timeout=120) as client,
+    ):
         once = await read_all(client, body(request_id="job-2"))
         again = await read_all(client, body(request_id="job-2"))
         conflict = await client.post("/v1/generate", json=body(41, request_id="job-2"))
@@ -106,15 +115,18 @@ async def test_a_second_connection_supersedes_the_first(tiny_app) -> None:
     gate = StepGate()
     app = tiny_app(gate=gate, resume_window_s=120)
     first: list[SSEEvent] = []
-    async with running_server(app) as server, httpx.AsyncClient(
-            base_url=server.url, timeout=120) as client:
+    async with (
+        running_server(app) as server,
+        httpx.AsyncClient(base_url=server.url, timeout=120) as client,
+    ):
         whole = await read_all(client, body())
         with gate:
             gate.close()
 
             async def read_first() -> None:
-                async with client.stream("POST", "/v1/generate",
-                                         json=body(request_id="job-3")) as r:
+                async with client.stream(
+                    "POST", "/v1/generate", json=body(request_id="job-3")
+                ) as r:
                     async for event in iter_sse(r):
                         first.append(event)
 
@@ -138,15 +150,17 @@ async def test_after_the_window_the_request_is_aborted_and_its_id_free(tiny_app)
     gate = StepGate()
     app = tiny_app(gate=gate, resume_window_s=0.2)
     state = app.extensions["infer"]
-    async with running_server(app) as server, httpx.AsyncClient(
-            base_url=server.url, timeout=120) as client:
+    async with (
+        running_server(app) as server,
+        httpx.AsyncClient(base_url=server.url, timeout=120) as client,
+    ):
         with gate:
             gate.close()
             gate.allow(2)
             await read_some(client, body(300, request_id="job-4"), 1)
             await wait_for(lambda: len(state.resumable) == 0)  # nobody came back in time
             gate.open()
-        await wait_for(lambda: not state.engine.has_work() and not state.worker._streams)
+        await wait_for(lambda: not state.engine.has_work() and not state.worker._choices)
         fresh = await read_all(client, body(5, request_id="job-4"))  # another body: allowed
         stats = await metrics(client)
     assert terminals(fresh) == ["done"]

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import trio
 
-from infer.server.testing import (
+from support.server import (
     GatedModel,
     StepGate,
     Stream,
@@ -31,8 +31,10 @@ async def test_disconnect_aborts_within_a_few_steps(tiny_app) -> None:
     gate = StepGate()
     app = tiny_app(gate=gate)
     streams = {name: Stream() for name in "ABC"}
-    async with running_server(app) as server, httpx.AsyncClient(
-            base_url=server.url, timeout=120) as client:
+    async with (
+        running_server(app) as server,
+        httpx.AsyncClient(base_url=server.url, timeout=120) as client,
+    ):
         alone = Stream()
         await read_stream(client, "/v1/generate", native(40), alone)
         a_scope = trio.CancelScope()
@@ -41,8 +43,9 @@ async def test_disconnect_aborts_within_a_few_steps(tiny_app) -> None:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_read_in, a_scope, client, native(40), streams["A"])
                 for name in "BC":
-                    nursery.start_soon(read_stream, client, "/v1/generate", native(40),
-                                       streams[name])
+                    nursery.start_soon(
+                        read_stream, client, "/v1/generate", native(40), streams[name]
+                    )
                 await wait_for(lambda: gate.blocked)
                 await step_until(gate, lambda: all(s.named("token") for s in streams.values()))
                 assert (await metrics(client))["infer_requests_running"] == 3
@@ -50,11 +53,12 @@ async def test_disconnect_aborts_within_a_few_steps(tiny_app) -> None:
                 await wait_for(lambda: streams["A"].ended)
                 await wait_for(lambda: _counter(client, "infer_client_disconnects_total", 1))
                 steps = await step_until(
-                    gate, lambda: _counter(client, "infer_requests_running", 2))
+                    gate, lambda: _counter(client, "infer_requests_running", 2)
+                )
                 assert steps <= 3
                 gate.open()
         stats = await metrics(client)
-        assert app.extensions["infer"].worker._streams == {}  # nothing left per request
+        assert app.extensions["infer"].worker._choices == {}  # nothing left per request
     assert streams["A"].terminals() == []
     for name in "BC":
         s = streams[name]
@@ -65,8 +69,9 @@ async def test_disconnect_aborts_within_a_few_steps(tiny_app) -> None:
     assert stats['infer_requests_total{finish_reason="length"}'] == 3
 
 
-async def _read_in(scope: trio.CancelScope, client: httpx.AsyncClient, body: dict,
-                   out: Stream) -> None:
+async def _read_in(
+    scope: trio.CancelScope, client: httpx.AsyncClient, body: dict, out: Stream
+) -> None:
     with scope:
         await read_stream(client, "/v1/generate", body, out)
     out.ended = True
@@ -78,22 +83,22 @@ async def _counter(client: httpx.AsyncClient, name: str, value: float) -> bool:
 
 async def test_slow_reader_is_ended_and_never_slows_the_others(tiny_app) -> None:
     gate = StepGate()
-    app = tiny_app(gate=gate, engine={"max_seq_len": 2048}, output_buffer=4,
-                   max_pending_tokens=200)
+    app = tiny_app(gate=gate, engine={"max_seq_len": 2048}, output_buffer=4, max_pending_tokens=200)
     # Traces make each event large, so the reader's socket buffers fill within a few hundred
     # tokens; a small receive buffer helps. After that, the server's pending output grows.
     slow_body = native(1900, trace={"layer": 0, "top_k": 20})
-    small = httpx.AsyncHTTPTransport(socket_options=[(socket.SOL_SOCKET, socket.SO_RCVBUF,
-                                                       4096)])
+    small = httpx.AsyncHTTPTransport(socket_options=[(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)])
     others = [Stream() for _ in range(3)]
     with gate:
-        async with running_server(app) as server, httpx.AsyncClient(
-                base_url=server.url, timeout=120) as client, httpx.AsyncClient(
-                base_url=server.url, timeout=120, transport=small) as slow_client:
+        async with (
+            running_server(app) as server,
+            httpx.AsyncClient(base_url=server.url, timeout=120) as client,
+            httpx.AsyncClient(base_url=server.url, timeout=120, transport=small) as slow_client,
+        ):
             worker = app.extensions["infer"].worker
             async with slow_client.stream("POST", "/v1/generate", json=slow_body) as slow:
                 assert slow.status_code == 200  # and then it stops reading
-                await wait_for(lambda: any(s.pending for s in worker._streams.values()))
+                await wait_for(lambda: any(s.pending for s in worker.streams))
                 gate.close()  # the slow reader is stalled: its output piles up server-side
                 async with trio.open_nursery() as nursery:
                     for s in others:
@@ -106,14 +111,13 @@ async def test_slow_reader_is_ended_and_never_slows_the_others(tiny_app) -> None
                         counts = [len(s.named("token")) for s in others]
                         await step_once(gate)
                         await wait_for(lambda: all(_caught_up(engine, s) for s in others))
-                        assert [len(s.named("token")) for s in others] == [
-                            n + 1 for n in counts]
+                        assert [len(s.named("token")) for s in others] == [n + 1 for n in counts]
                     assert worker.running == 4  # the slow reader was in every one of them
                     gate.open()
                 await wait_for(lambda: worker.running == 0)
                 stuck = [e async for e in iter_sse(slow)]  # now read it all
             stats = await metrics(client)
-            assert worker._streams == {}
+            assert worker._choices == {}
     for s in others:
         assert s.terminals() == ["done"] and len(s.named("token")) == 32
     names = [e.event for e in stuck]
@@ -129,16 +133,17 @@ def _caught_up(engine, stream: Stream) -> bool:
     """Whether the client has read every token the engine made for this stream so far."""
     request = engine.scheduler.find(stream.named("started")[0]["id"])
     tokens = stream.named("token")
-    return request is not None and bool(tokens) and tokens[-1]["i"] + 1 == len(
-        request.output_ids)
+    return request is not None and bool(tokens) and tokens[-1]["i"] + 1 == len(request.output_ids)
 
 
 async def test_queue_full_is_503_at_once_and_the_rest_complete(tiny_app) -> None:
     gate = StepGate()
     app = tiny_app(gate=gate, engine={"max_batch_size": 1, "max_waiting_requests": 2})
     streams = [Stream() for _ in range(8)]
-    async with running_server(app) as server, httpx.AsyncClient(
-            base_url=server.url, timeout=120) as client:
+    async with (
+        running_server(app) as server,
+        httpx.AsyncClient(base_url=server.url, timeout=120) as client,
+    ):
         with gate:
             gate.close()
             async with trio.open_nursery() as nursery:
@@ -165,10 +170,14 @@ async def test_queue_full_is_503_at_once_and_the_rest_complete(tiny_app) -> None
 async def test_heartbeats_on_a_quiet_stream(tiny_app) -> None:
     gate = StepGate()
     app = tiny_app(gate=gate, heartbeat_s=0.05)
-    async with running_server(app) as server, httpx.AsyncClient(
-            base_url=server.url, timeout=120) as client:
-        for path, body in (("/v1/generate", native(5)),
-                           ("/v1/completions", native(5, model="tiny", stream=True))):
+    async with (
+        running_server(app) as server,
+        httpx.AsyncClient(base_url=server.url, timeout=120) as client,
+    ):
+        for path, body in (
+            ("/v1/generate", native(5)),
+            ("/v1/completions", native(5, model="tiny", stream=True)),
+        ):
             with gate:
                 gate.close()
                 events = []
@@ -190,24 +199,31 @@ async def test_timeout_is_capped_by_the_server(tiny_app) -> None:
     gate = StepGate()
     app = tiny_app(gate=gate, max_timeout_s=0.5)
     runs = [Stream(), Stream()]
-    bodies = [("/v1/generate", native(400, timeout_s=1000)),
-              ("/v1/completions", native(400, model="tiny", stream=True,
-                                         stream_options={"include_usage": True}))]
-    async with running_server(app) as server, httpx.AsyncClient(
-            base_url=server.url, timeout=120) as client:
+    bodies = [
+        ("/v1/generate", native(400, timeout_s=1000)),
+        (
+            "/v1/completions",
+            native(400, model="tiny", stream=True, stream_options={"include_usage": True}),
+        ),
+    ]
+    async with (
+        running_server(app) as server,
+        httpx.AsyncClient(base_url=server.url, timeout=120) as client,
+    ):
         worker = app.extensions["infer"].worker
         with gate:
             gate.close()
             async with trio.open_nursery() as nursery:
                 for (path, body), s in zip(bodies, runs, strict=True):
                     nursery.start_soon(read_stream, client, path, body, s)
-                await wait_for(lambda: len(worker._streams) == 2 and gate.blocked)
+                await wait_for(lambda: len(worker._choices) == 2 and gate.blocked)
                 # The engine is held until both requests are past the server's cap (neither
                 # asked for less): only the cap can end them before 400 tokens.
-                await wait_for(lambda: all(trio.current_time() >= s.deadline
-                                           for s in worker._streams.values()))
+                await wait_for(
+                    lambda: all(trio.current_time() >= s.deadline for s in worker.streams)
+                )
                 gate.open()
-        assert worker._streams == {}
+        assert worker._choices == {}
     native_run, openai_run = runs
     assert native_run.terminals() == ["error"]
     error = native_run.named("error")[0]
@@ -222,12 +238,24 @@ async def test_graceful_shutdown_ends_every_stream(tiny_app) -> None:
     gate = StepGate()
     app = tiny_app(gate=gate)
     runs = [Stream(), Stream(), Stream()]
-    bodies = [("/v1/generate", native(400)), ("/v1/generate", native(300)),
-              ("/v1/chat/completions", {"model": "tiny", "stream": True, "max_tokens": 300,
-                                        "messages": [{"role": "user", "content": "hi"}]})]
+    bodies = [
+        ("/v1/generate", native(400)),
+        ("/v1/generate", native(300)),
+        (
+            "/v1/chat/completions",
+            {
+                "model": "tiny",
+                "stream": True,
+                "max_tokens": 300,
+                "messages": [{"role": "user", "content": "hi"}],
+            },
+        ),
+    ]
     with gate:
-        async with running_server(app) as server, httpx.AsyncClient(
-                base_url=server.url, timeout=120) as client:
+        async with (
+            running_server(app) as server,
+            httpx.AsyncClient(base_url=server.url, timeout=120) as client,
+        ):
             gate.close()
             async with trio.open_nursery() as nursery:
                 for (path, body), s in zip(bodies, runs, strict=True):
@@ -262,8 +290,10 @@ class FailingModel(GatedModel):
 
 async def test_inference_failure_is_a_clean_error(tiny_app, tiny_model) -> None:
     app = tiny_app(model=FailingModel(tiny_model))
-    async with running_server(app) as server, httpx.AsyncClient(
-            base_url=server.url, timeout=120) as client:
+    async with (
+        running_server(app) as server,
+        httpx.AsyncClient(base_url=server.url, timeout=120) as client,
+    ):
         events = await client.post("/v1/generate", json=native(5))
         whole = await client.post("/v1/completions", json=native(5, model="tiny"))
         chunks = await client.post("/v1/completions", json=native(5, model="tiny", stream=True))
@@ -277,15 +307,18 @@ async def test_inference_failure_is_a_clean_error(tiny_app, tiny_model) -> None:
     assert stats['infer_requests_total{finish_reason="error"}'] == 3
 
 
-async def test_shutdown_without_a_drain_trigger_still_ends_streams(tiny_app) -> None:
-    """As under ``hypercorn --config ...``: the app only sees Hypercorn's shutdown deadline."""
+async def test_shutdown_drains_before_any_connection_is_closed(tiny_app) -> None:
+    """The shutdown signal drains the app at once: streams end long before Hypercorn's
+    graceful timeout would close their connections."""
     gate = StepGate()
     app = tiny_app(gate=gate)
     runs = [Stream(), Stream()]
     with gate:
-        # A long graceful timeout: were the app not to notice, streams would hang that long.
-        async with running_server(app, graceful_timeout_s=120, drain=False) as server, \
-                httpx.AsyncClient(base_url=server.url, timeout=120) as client:
+        # A long graceful timeout: were the app not drained, streams would hang that long.
+        async with (
+            running_server(app, graceful_timeout_s=120) as server,
+            httpx.AsyncClient(base_url=server.url, timeout=120) as client,
+        ):
             gate.close()
             async with trio.open_nursery() as nursery:
                 for s in runs:

@@ -19,7 +19,7 @@ from infer.engine.config import EngineConfig
 from infer.engine.engine import Engine
 from infer.server.app import create_app
 from infer.server.config import ServerConfig
-from infer.server.testing import (
+from support.server import (
     PROMPT,
     StepGate,
     iter_sse,
@@ -39,8 +39,10 @@ def body(max_tokens: int, **extra: Any) -> dict[str, Any]:
 async def test_an_openai_client_that_leaves_aborts_its_request(tiny_app, stream: bool) -> None:
     gate = StepGate()
     app = tiny_app(gate=gate)
-    async with running_server(app) as server, httpx.AsyncClient(
-            base_url=server.url, timeout=120) as client:
+    async with (
+        running_server(app) as server,
+        httpx.AsyncClient(base_url=server.url, timeout=120) as client,
+    ):
         worker = app.extensions["infer"].worker
         with gate:
             gate.close()
@@ -48,16 +50,18 @@ async def test_an_openai_client_that_leaves_aborts_its_request(tiny_app, stream:
 
                 async def go_away_when_running() -> None:
                     await wait_for(lambda: gate.blocked and worker.running == 1)
-                    await step_until(gate, lambda: worker.engine.scheduler.running[0].output_ids
-                                     != [])
+                    await step_until(
+                        gate, lambda: worker.engine.scheduler.running[0].output_ids != []
+                    )
                     leave.cancel()
 
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(go_away_when_running)
                     await client.post("/v1/completions", json=body(300, stream=stream))
             await wait_for(lambda: _counter_is(client, "infer_client_disconnects_total", 1))
-            await step_until_idle(gate, lambda: not worker._streams and worker.running == 0,
-                                  max_steps=3)
+            await step_until_idle(
+                gate, lambda: not worker._choices and worker.running == 0, max_steps=3
+            )
         stats = await metrics(client)
     assert stats['infer_requests_total{finish_reason="abort"}'] == 1
 
@@ -68,8 +72,10 @@ async def _counter_is(client: httpx.AsyncClient, name: str, value: float) -> boo
 
 async def test_stop_and_seed_over_http(tiny_app) -> None:
     app = tiny_app()
-    async with running_server(app) as server, httpx.AsyncClient(
-            base_url=server.url, timeout=120) as client:
+    async with (
+        running_server(app) as server,
+        httpx.AsyncClient(base_url=server.url, timeout=120) as client,
+    ):
 
         async def text(**extra: Any) -> dict[str, Any]:
             r = await client.post("/v1/completions", json=body(24, **extra))
@@ -77,7 +83,7 @@ async def test_stop_and_seed_over_http(tiny_app) -> None:
             return r.json()["choices"][0]
 
         greedy = (await text(temperature=0))["text"]
-        stop = greedy[len(greedy) // 2:len(greedy) // 2 + 3]
+        stop = greedy[len(greedy) // 2 : len(greedy) // 2 + 3]
         stopped = await text(temperature=0, stop=[stop])
         seeded = [(await text(temperature=1.0, seed=s))["text"] for s in (7, 7, 8)]
     assert stop and stop not in stopped["text"] and stopped["finish_reason"] == "stop"
@@ -87,7 +93,8 @@ async def test_stop_and_seed_over_http(tiny_app) -> None:
 
 @pytest.mark.parametrize("loads_its_model", [True, False], ids=["loads-its-model", "given-one"])
 async def test_a_serving_app_freezes_the_startup_heap(
-        monkeypatch, tiny_app, tmp_path, loads_its_model) -> None:
+    monkeypatch, tiny_app, tmp_path, loads_its_model
+) -> None:
     """Loading leaves ~400k objects the cycle collector would walk at every full collection
     (~200 ms with the engine and event loop stopped): a server freezes them (``gc.freeze``)
     while it serves, whether it loaded the model itself or was given it loaded (as `infer
@@ -100,8 +107,10 @@ async def test_a_serving_app_freezes_the_startup_heap(
     else:
         app = create_app(config, engine)
     before = gc.get_freeze_count()
-    async with running_server(app) as server, httpx.AsyncClient(
-            base_url=server.url, timeout=120) as client:
+    async with (
+        running_server(app) as server,
+        httpx.AsyncClient(base_url=server.url, timeout=120) as client,
+    ):
         await wait_for(lambda: app.extensions["infer"].status == "ready")
         frozen = gc.get_freeze_count()
         r = await client.post("/v1/completions", json=body(4))
@@ -120,15 +129,15 @@ async def test_503_while_loading_and_after_a_failed_load(monkeypatch, tmp_path) 
 
     monkeypatch.setattr(Engine, "from_config", staticmethod(slow_failing_load))
     app = create_app(ServerConfig(engine=EngineConfig(model=str(tmp_path / "missing"))))
-    async with running_server(app) as server, httpx.AsyncClient(
-            base_url=server.url, timeout=120) as client:
+    async with (
+        running_server(app) as server,
+        httpx.AsyncClient(base_url=server.url, timeout=120) as client,
+    ):
         await wait_for(entered.is_set)
-        loading = [await client.get("/health"), await client.post("/v1/completions",
-                                                                   json=body(4))]
+        loading = [await client.get("/health"), await client.post("/v1/completions", json=body(4))]
         release.set()
         await wait_for(lambda: app.extensions["infer"].status == "failed")
-        failed = [await client.get("/health"), await client.post("/v1/completions",
-                                                                  json=body(4))]
+        failed = [await client.get("/health"), await client.post("/v1/completions", json=body(4))]
     assert [r.status_code for r in loading + failed] == [503] * 4
     assert loading[0].json()["status"] == "loading" and failed[0].json()["status"] == "failed"
     for r in (loading[1], failed[1]):
@@ -138,16 +147,32 @@ async def test_503_while_loading_and_after_a_failed_load(monkeypatch, tmp_path) 
 async def test_sigterm_to_infer_serve_ends_open_streams_and_exits_0() -> None:
     """The real command line on the default model: SIGTERM mid-stream drains, then exits 0."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "infer", "serve", "--port", "0", "--max-seq-len", "512",
-         "--max-batch-size", "4"],
-        stderr=subprocess.PIPE, text=True, env=os.environ | {"PYTHONUNBUFFERED": "1"})
+        [
+            sys.executable,
+            "-m",
+            "infer",
+            "serve",
+            "--port",
+            "0",
+            "--max-seq-len",
+            "512",
+            "--max-batch-size",
+            "4",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=os.environ | {"PYTHONUNBUFFERED": "1"},
+    )
     try:
         url = await trio.to_thread.run_sync(_bound_url, proc)
         async with httpx.AsyncClient(base_url=url, timeout=120) as client:
             await wait_for(lambda: _ready(client), timeout_s=120)
             events = []
-            async with client.stream("POST", "/v1/generate", json={
-                    "prompt": PROMPT, "max_tokens": 400, "ignore_eos": True}) as r:
+            async with client.stream(
+                "POST",
+                "/v1/generate",
+                json={"prompt": PROMPT, "max_tokens": 400, "ignore_eos": True},
+            ) as r:
                 async for event in iter_sse(r):
                     events.append(event)
                     if sum(e.event == "token" for e in events) == 3:

@@ -33,11 +33,11 @@ def _feed_all(chunks: list[bytes]) -> list[SSEEvent]:
 
 
 STREAM = (
-    b"event: started\ndata: {\"id\": \"r1\"}\n\n"
+    b'event: started\ndata: {"id": "r1"}\n\n'
     b": heartbeat\n\n"
-    b"event: token\ndata: {\"i\": 0, \"token\": \"caf\\u00e9 \\u2603\"}\n\n"
-    b"event: done\ndata: {\"finish_reason\": \"length\",\n"
-    b"data:  \"usage\": {\"completion_tokens\": 1}}\n\n"
+    b'event: token\ndata: {"i": 0, "token": "caf\\u00e9 \\u2603"}\n\n'
+    b'event: done\ndata: {"finish_reason": "length",\n'
+    b'data:  "usage": {"completion_tokens": 1}}\n\n'
 )
 
 
@@ -89,8 +89,12 @@ def test_native_error_event_is_an_error() -> None:
 def test_openai_stream_state() -> None:
     result = RequestResult(start=0.0)
     state = _StreamState("openai", result)
-    chunks = ['{"choices": [{"text": "Hi"}]}', '{"choices": [{"text": ""}]}',
-              '{"choices": [{"text": "!", "finish_reason": "length"}]}', "[DONE]"]
+    chunks = [
+        '{"choices": [{"text": "Hi"}]}',
+        '{"choices": [{"text": ""}]}',
+        '{"choices": [{"text": "!", "finish_reason": "length"}]}',
+        "[DONE]",
+    ]
     for t, data in enumerate(chunks):
         state.on_event(SSEEvent("message", data), float(t + 1))
     assert result.token_times == [1.0, 3.0] and result.output_tokens == 2 and result.end == 4.0
@@ -235,15 +239,36 @@ def test_prompt_source_wraps_around() -> None:
 
 def test_markdown_marks_missing_values() -> None:
     metrics = summarize([RequestResult(0.0, [0.5], 1.0, output_tokens=1)])
-    run = {"system": "sequential", "workload": "W1", "concurrency": 1, "rate": None,
-           "serial": True, "metrics": metrics, "ratio_vs_sequential": 1.0}
+    run = {
+        "system": "sequential",
+        "workload": "W1",
+        "concurrency": 1,
+        "rate": None,
+        "serial": True,
+        "metrics": metrics,
+        "ratio_vs_sequential": 1.0,
+    }
     report = {
-        "meta": {"date": "2025-01-01T00:00:00", "host": "h", "model": "m", "dtype": "bfloat16",
-                 "cpu": "c", "cpu_count": 2, "torch": "t", "torch_threads": 2, "scale": "smoke",
-                 "seed": 0, "load_average": [0.0], "command": "infer bench", "notes": []},
+        "meta": {
+            "date": "2025-01-01T00:00:00",
+            "host": "h",
+            "model": "m",
+            "dtype": "bfloat16",
+            "cpu": "c",
+            "cpu_count": 2,
+            "torch": "t",
+            "torch_threads": 2,
+            "scale": "smoke",
+            "seed": 0,
+            "load_average": [0.0],
+            "command": "infer bench",
+            "notes": [],
+        },
         "workloads": [{"name": "W1", "description": "one", "levels": [1]}],
-        "runs": [run], "unavailable": [{"system": "llama.cpp", "reason": "not installed"}],
-        "goals": [], "files": {"throughput": "t.png", "latency": "l.png"},
+        "runs": [run],
+        "unavailable": [{"system": "llama.cpp", "reason": "not installed"}],
+        "goals": [],
+        "files": {"throughput": "t.png", "latency": "l.png"},
     }
     text = markdown(report)
     assert "| sequential *(serial)* | 1.00 | 1.00× |" in text
@@ -254,14 +279,25 @@ def test_markdown_marks_missing_values() -> None:
 def _run(system: str, workload: str, tokens: int, ttft: float, concurrency: int = 1) -> dict:
     """A run whose wall time is 1 s: output tok/s == tokens, TTFT == ttft seconds."""
     result = RequestResult(0.0, [ttft] * tokens, 1.0, output_tokens=tokens)
-    return {"system": system, "workload": workload, "concurrency": concurrency, "rate": None,
-            "serial": False, "metrics": summarize([result])}
+    return {
+        "system": system,
+        "workload": workload,
+        "concurrency": concurrency,
+        "rate": None,
+        "serial": False,
+        "metrics": summarize([result]),
+    }
 
 
 def test_ratio_against_vllm_in_json_and_markdown() -> None:
-    runs = [_run("sequential", "W2", 10, 0.5), _run("infer-continuous", "W2", 60, 0.2),
-            _run("vllm", "W2", 40, 0.4), _run("infer-continuous", "chat64", 8, 0.1, 64),
-            _run("infer-continuous", "sweep", 6, 0.1, 4), _run("vllm", "sweep", 3, 0.2, 4)]
+    runs = [
+        _run("sequential", "W2", 10, 0.5),
+        _run("infer-continuous", "W2", 60, 0.2),
+        _run("vllm", "W2", 40, 0.4),
+        _run("infer-continuous", "chat64", 8, 0.1, 64),
+        _run("infer-continuous", "sweep", 6, 0.1, 4),
+        _run("vllm", "sweep", 3, 0.2, 4),
+    ]
     add_ratios(runs)
     infer_w2, vllm_w2, infer_chat, infer_sweep = runs[1], runs[2], runs[3], runs[4]
     assert infer_w2["ratio_vs_sequential"] == 6.0
@@ -270,14 +306,30 @@ def test_ratio_against_vllm_in_json_and_markdown() -> None:
     assert infer_chat["ratio_vs_vllm"] is None  # vLLM did not run chat64
     assert infer_sweep["ratio_vs_vllm"] == {"output_tok_s": 2.0, "ttft_p95": 0.5}
     report = {
-        "meta": {"date": "2025-01-01T00:00:00", "host": "h", "model": "m", "dtype": "bfloat16",
-                 "cpu": "c", "cpu_count": 2, "torch": "t", "torch_threads": 2, "scale": "smoke",
-                 "seed": 0, "load_average": [0.0], "command": "infer bench", "notes": [],
-                 "startup_s": {"vllm": 95.25}},
-        "workloads": [{"name": "W2", "description": "two", "levels": [1]},
-                      {"name": "chat64", "description": "chat", "levels": [64]},
-                      {"name": "sweep", "description": "sw", "levels": [4]}],
-        "runs": runs, "unavailable": [], "goals": [],
+        "meta": {
+            "date": "2025-01-01T00:00:00",
+            "host": "h",
+            "model": "m",
+            "dtype": "bfloat16",
+            "cpu": "c",
+            "cpu_count": 2,
+            "torch": "t",
+            "torch_threads": 2,
+            "scale": "smoke",
+            "seed": 0,
+            "load_average": [0.0],
+            "command": "infer bench",
+            "notes": [],
+            "startup_s": {"vllm": 95.25},
+        },
+        "workloads": [
+            {"name": "W2", "description": "two", "levels": [1]},
+            {"name": "chat64", "description": "chat", "levels": [64]},
+            {"name": "sweep", "description": "sw", "levels": [4]},
+        ],
+        "runs": runs,
+        "unavailable": [],
+        "goals": [],
         "files": {"throughput": "t.png", "latency": "l.png"},
     }
     text = markdown(report)
@@ -319,8 +371,9 @@ def _workload(n: int, concurrency: int, rate: float | None = None) -> Workload:
 async def test_closed_loop_keeps_concurrency() -> None:
     server = _FakeServer()
     done: list[RequestResult] = []
-    results = await run_workload(Target("http://fake"), _workload(7, 3), done.append,
-                                 transport=httpx.MockTransport(server))
+    results = await run_workload(
+        Target("http://fake"), _workload(7, 3), done.append, transport=httpx.MockTransport(server)
+    )
     assert len(results) == len(done) == 7 and server.most_open == 3
     assert all(r.ok and r.output_tokens == 3 and len(r.token_times) == 3 for r in results)
 
@@ -330,8 +383,12 @@ async def test_poisson_arrivals_follow_the_seeded_schedule() -> None:
     arrivals = random.Random(f"arrivals/{seed}")
     earliest = sum(arrivals.expovariate(rate) for _ in range(n))  # the last request's arrival
     t0 = time.perf_counter()
-    results = await run_workload(Target("http://fake"), _workload(n, n, rate), seed=seed,
-                                 transport=httpx.MockTransport(_FakeServer()))
+    results = await run_workload(
+        Target("http://fake"),
+        _workload(n, n, rate),
+        seed=seed,
+        transport=httpx.MockTransport(_FakeServer()),
+    )
     assert all(r.ok for r in results)
     assert max(r.start for r in results) - t0 >= earliest * 0.999
     assert [r.start for r in results] == sorted(r.start for r in results)
@@ -341,7 +398,8 @@ async def test_http_errors_are_counted_not_raised() -> None:
     def refuse(request: httpx.Request) -> httpx.Response:
         return httpx.Response(503, json={"error": {"code": "OVERLOADED"}})
 
-    results = await run_workload(Target("http://fake"), _workload(2, 2),
-                                 transport=httpx.MockTransport(refuse))
+    results = await run_workload(
+        Target("http://fake"), _workload(2, 2), transport=httpx.MockTransport(refuse)
+    )
     assert [r.error for r in results] == ["HTTP_503", "HTTP_503"]
     assert summarize(results)["errors"] == 2

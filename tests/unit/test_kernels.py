@@ -8,15 +8,28 @@ import pytest
 import torch
 
 from infer import kernels
-from infer.models.layers import paged_decode_attention_reference
+from infer.models.layers import decode_attention_torch
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("head_dim,block,window,groups", [
-    (64, 16, 0, 3), (64, 16, 20, 3), (16, 4, 0, 3), (128, 16, 0, 3), (24, 8, 5, 3),
-    (64, 16, 0, 1), (64, 16, 0, 5), (128, 16, 0, 4), (256, 16, 0, 4), (64, 16, 7, 8)])
-def test_kernel_matches_reference(dtype, head_dim: int, block: int, window: int,
-                                  groups: int) -> None:
+@pytest.mark.parametrize(
+    "head_dim,block,window,groups",
+    [
+        (64, 16, 0, 3),
+        (64, 16, 20, 3),
+        (16, 4, 0, 3),
+        (128, 16, 0, 3),
+        (24, 8, 5, 3),
+        (64, 16, 0, 1),
+        (64, 16, 0, 5),
+        (128, 16, 0, 4),
+        (256, 16, 0, 4),
+        (64, 16, 7, 8),
+    ],
+)
+def test_kernel_matches_reference(
+    dtype, head_dim: int, block: int, window: int, groups: int
+) -> None:
     """Every query-head grouping (GQA 1, 3, 4, 5, 8) and head size, with and without windows."""
     gen = torch.Generator().manual_seed(head_dim + block + window + groups)
     n, kv = 7, 3
@@ -30,8 +43,9 @@ def test_kernel_matches_reference(dtype, head_dim: int, block: int, window: int,
     tables = tables.to(torch.int32).contiguous()
     q = torch.randn(n, kv * groups, head_dim, generator=gen).to(dtype)
     got = kernels.ops().paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.3, window)
-    want = paged_decode_attention_reference(q.float(), k_cache.float(), v_cache.float(),
-                                            tables, lens, 0.3, window)
+    want = decode_attention_torch(
+        q.float(), k_cache.float(), v_cache.float(), tables, lens, 0.3, window
+    )
     tol = 1e-4 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(got.float(), want, atol=tol, rtol=tol)
 
@@ -70,8 +84,7 @@ def test_kernel_refuses_mismatched_shapes() -> None:
         kernels.ops().paged_decode_attention(q, k, v, tables, lens, 1.0, 0)
 
 
-needs_bf16 = pytest.mark.skipif(not kernels.has_bf16(),
-                                reason="this CPU has no AVX512-BF16")
+needs_bf16 = pytest.mark.skipif(not kernels.has_bf16(), reason="this CPU has no AVX512-BF16")
 
 
 @pytest.fixture(params=["avx512", "amx"])
@@ -81,8 +94,10 @@ def tile_kernel(request: pytest.FixtureRequest) -> Iterator[str]:
     amx = request.param == "amx"
     if kernels.ops().set_amx(amx) != amx:
         kernels.ops().set_amx(True)
-        pytest.skip("no AMX-BF16 here (the CPU lacks it or Linux refused the tile state); "
-                    "the AVX512 run of this test covers this machine")
+        pytest.skip(
+            "no AMX-BF16 here (the CPU lacks it or Linux refused the tile state); "
+            "the AVX512 run of this test covers this machine"
+        )
     try:
         yield request.param
     finally:
@@ -91,11 +106,20 @@ def tile_kernel(request: pytest.FixtureRequest) -> Iterator[str]:
 
 @needs_bf16
 @pytest.mark.parametrize("rows", [1, 3, 4, 17, 64, 130, 300])
-@pytest.mark.parametrize("out_features,in_features,bias",
-                         [(960, 576, False), (100, 576, True), (49, 576, False), (70, 80, True),
-                          (64, 1536, True), (40, 1184, False)])
-def test_bf16_linear_matches_float_matmul(tile_kernel: str, rows: int, out_features: int,
-                                          in_features: int, bias: bool) -> None:
+@pytest.mark.parametrize(
+    "out_features,in_features,bias",
+    [
+        (960, 576, False),
+        (100, 576, True),
+        (49, 576, False),
+        (70, 80, True),
+        (64, 1536, True),
+        (40, 1184, False),
+    ],
+)
+def test_bf16_linear_matches_float_matmul(
+    tile_kernel: str, rows: int, out_features: int, in_features: int, bias: bool
+) -> None:
     """Every row count and ragged column tails (and a K the AMX tiles do not divide, which
     takes the AVX512 kernel; Ks that AMX runs in equal and unequal chunks); the same row
     gives the same output in any batch."""
@@ -110,15 +134,16 @@ def test_bf16_linear_matches_float_matmul(tile_kernel: str, rows: int, out_featu
     rounded = kernels.ops().bf16_linear(x, packed, out_features, b, False)
     assert rounded.dtype == torch.bfloat16 and torch.equal(rounded, got.bfloat16())
     for row in (0, rows - 1):  # batch invariant (rows 0-31 of 64+ run in the 2 x 2 tiles)
-        alone = kernels.ops().bf16_linear(x[row:row + 1], packed, out_features, b, True)
+        alone = kernels.ops().bf16_linear(x[row : row + 1], packed, out_features, b, True)
         assert torch.equal(alone[0], got[row])
 
 
 @needs_bf16
 @pytest.mark.parametrize("threads", [1, 2, 3, 5])
 @pytest.mark.parametrize("out_features", [1000, 960])
-def test_bf16_linear_is_the_same_on_any_number_of_threads(tile_kernel: str, threads: int,
-                                                          out_features: int) -> None:
+def test_bf16_linear_is_the_same_on_any_number_of_threads(
+    tile_kernel: str, threads: int, out_features: int
+) -> None:
     """Each thread takes its own share of column groups, then the others' leftovers (more
     threads than cores here, so shares are taken over): every output comes out the same.
     With two threads, the AVX512 kernel splits the last of an odd number of groups (960
@@ -127,8 +152,12 @@ def test_bf16_linear_is_the_same_on_any_number_of_threads(tile_kernel: str, thre
     w = torch.randn(out_features, 576, generator=gen).bfloat16()
     x = torch.randn(150, 576, generator=gen).bfloat16()
     packed = kernels.ops().pack_bf16_linear(w)
-    want = torch.cat([kernels.ops().bf16_linear(x[i:i + 1], packed, out_features, None, True)
-                      for i in range(len(x))])  # row by row, on this machine's threads
+    want = torch.cat(
+        [
+            kernels.ops().bf16_linear(x[i : i + 1], packed, out_features, None, True)
+            for i in range(len(x))
+        ]
+    )  # row by row, on this machine's threads
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -143,11 +172,12 @@ def test_bf16_linear_is_the_same_on_any_number_of_threads(tile_kernel: str, thre
 @pytest.mark.parametrize("rows", [1, 7, 64, 130, 300])
 @pytest.mark.parametrize("gelu", [False, True])
 @pytest.mark.parametrize("bias", [False, True])
-def test_bf16_gated_linear_matches_torch(tile_kernel: str, rows: int, gelu: bool,
-                                         bias: bool) -> None:
+def test_bf16_gated_linear_matches_torch(
+    tile_kernel: str, rows: int, gelu: bool, bias: bool
+) -> None:
     """One call projects and gates: act(gate(x)) * up(x), as GatedMLP computes it unfused,
     rounded to bf16 once; the same row gives the same output in any batch."""
-    from infer.models.layers import Bf16GatedLinear
+    from infer.models.linear import Bf16GatedLinear
 
     gen = torch.Generator().manual_seed(rows)
     proj = torch.nn.Linear(576, 2 * 192, bias=bias).bfloat16()
@@ -176,16 +206,22 @@ def _attention_reference(q, k, v, scale: float, start: int, window: int) -> torc
     if window:
         mask &= k_pos > q_pos - window
     out = torch.nn.functional.scaled_dot_product_attention(
-        q.float().transpose(0, 1), k.float().repeat_interleave(h // kv, 0),
-        v.float().repeat_interleave(h // kv, 0), attn_mask=mask, scale=scale)
+        q.float().transpose(0, 1),
+        k.float().repeat_interleave(h // kv, 0),
+        v.float().repeat_interleave(h // kv, 0),
+        attn_mask=mask,
+        scale=scale,
+    )
     return out.transpose(0, 1)
 
 
 @needs_bf16
-@pytest.mark.parametrize("heads,kv,dim,window", [
-    (9, 3, 64, 0), (4, 1, 256, 20), (8, 8, 128, 0), (6, 2, 64, 7)])
-def test_paged_prefill_attention_matches_reference(tile_kernel: str, heads, kv, dim,
-                                                   window) -> None:
+@pytest.mark.parametrize(
+    "heads,kv,dim,window", [(9, 3, 64, 0), (4, 1, 256, 20), (8, 8, 128, 0), (6, 2, 64, 7)]
+)
+def test_paged_prefill_attention_matches_reference(
+    tile_kernel: str, heads, kv, dim, window
+) -> None:
     """Spans of a packed batch, with and without a cached prefix, over scattered blocks:
     causal, windowed, any GQA grouping; stale (NaN) cache entries past a span never leak."""
     from infer.models.kv_cache import keys_of, values_of
@@ -205,15 +241,16 @@ def test_paged_prefill_attention_matches_reference(tile_kernel: str, heads, kv, 
     q = qkv[:, :heads]  # a strided view, as the model passes it
     out = torch.zeros(rows, heads, dim, dtype=torch.bfloat16)
     info = torch.tensor(spans, dtype=torch.int32)
-    kernels.ops().paged_prefill_attention(q, k_cache, v_cache, tables, info, dim**-0.5, window,
-                                          out)
+    kernels.ops().paged_prefill_attention(q, k_cache, v_cache, tables, info, dim**-0.5, window, out)
     for table, (offset, length, start) in zip(tables.long(), spans, strict=True):
         keys = keys_of(k_cache[table])[:, : start + length]
         values = values_of(v_cache[table])[:, : start + length]
-        want = _attention_reference(q[offset : offset + length], keys, values, dim**-0.5, start,
-                                    window)
-        torch.testing.assert_close(out[offset : offset + length].float(), want, atol=3e-2,
-                                   rtol=3e-2)
+        want = _attention_reference(
+            q[offset : offset + length], keys, values, dim**-0.5, start, window
+        )
+        torch.testing.assert_close(
+            out[offset : offset + length].float(), want, atol=3e-2, rtol=3e-2
+        )
     assert not out[:5].any() and not out[offset + length :].any()  # other rows untouched
 
 
@@ -234,8 +271,9 @@ def test_norm_kernels_match_torch(dtype, offset: float) -> None:
     summed = residual + x
     normed, new_residual = norm.add_forward(x.clone(), residual.clone())
     assert torch.equal(new_residual, summed)
-    torch.testing.assert_close(normed, norm(summed.transpose(0, 1).contiguous().transpose(0, 1)),
-                               **tol)
+    torch.testing.assert_close(
+        normed, norm(summed.transpose(0, 1).contiguous().transpose(0, 1)), **tol
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -264,8 +302,7 @@ def test_rope_and_cache_rotates_and_stores(dtype) -> None:
     v_cache = torch.zeros(5, kv, block // 2, dim, 2, dtype=dtype)
     slots = torch.tensor([4, 5, 6, 17, -1, 0])
     before = qkv.view(n, -1, dim).float().clone()
-    kernels.ops().rope_and_cache(qkv, freqs.cos(), freqs.sin(), heads, kv, k_cache, v_cache,
-                                 slots)
+    kernels.ops().rope_and_cache(qkv, freqs.cos(), freqs.sin(), heads, kv, k_cache, v_cache, slots)
     cos = torch.cat((freqs.cos(), freqs.cos()), -1)[:, None]
     sin = torch.cat((-freqs.sin(), freqs.sin()), -1)[:, None]
     rotated = apply_rope(before[:, : heads + kv], cos, sin)
@@ -289,7 +326,7 @@ def test_argmax_rows_matches_torch(width: int) -> None:
     g = torch.Generator().manual_seed(width)
     x = torch.randn(9, width, generator=g)
     x[1] = 0.5  # all tied: the first index
-    x[2, width // 2:] = float("nan")  # NaN is the largest, the first NaN wins
+    x[2, width // 2 :] = float("nan")  # NaN is the largest, the first NaN wins
     x[3] = float("-inf")
     x[4, -1] = 1e30  # the very last lane (the masked tail when width % 16)
     x[5, width // 3] = x[5].max() + 1

@@ -16,11 +16,11 @@ from infer.engine.block_manager import BlockManager
 from infer.engine.config import EngineConfig
 from infer.engine.request import Request
 from infer.engine.runner import ModelRunner
-from infer.engine.sampler import SamplingParams
+from infer.engine.sampling import SamplingParams
 from infer.engine.scheduler import PrefillChunk, SchedulerOutput
 from infer.models.base import CausalLM
 from infer.models.config import ModelConfig
-from infer.models.layers import AttnCapture
+from infer.models.context import AttnCapture
 from infer.models.registry import create_model
 
 TOL = dict(atol=1e-4, rtol=1e-4)
@@ -38,16 +38,24 @@ def _tiny(family: str) -> tuple[transformers.PreTrainedConfig, type]:
         max_position_embeddings=256,
     )
     if family == "llama":
-        rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                "high_freq_factor": 4.0, "original_max_position_embeddings": 64,
-                "rope_theta": 500000.0}
+        rope = {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+            "rope_theta": 500000.0,
+        }
         cfg = transformers.LlamaConfig(**common, rope_parameters=rope, tie_word_embeddings=False)
         return cfg, transformers.LlamaForCausalLM
     if family == "qwen3":
         cfg = transformers.Qwen3Config(**common, head_dim=32, tie_word_embeddings=True)
         return cfg, transformers.Qwen3ForCausalLM
     cfg = transformers.Gemma3TextConfig(
-        **common, head_dim=32, sliding_window=4, query_pre_attn_scalar=12,
+        **common,
+        head_dim=32,
+        sliding_window=4,
+        query_pre_attn_scalar=12,
         layer_types=["sliding_attention", "full_attention", "sliding_attention"],
         final_logit_softcapping=30.0,
     )
@@ -179,7 +187,8 @@ def test_a_sequences_logits_do_not_depend_on_what_shares_its_step(pair) -> None:
 @pytest.mark.skipif(not kernels.has_bf16(), reason="the decode stack needs AVX512-BF16")
 @torch.inference_mode()
 def test_decode_steps_in_one_kernel_call_equal_the_layer_by_layer_forward(
-        pair, tmp_path: Path) -> None:
+    pair, tmp_path: Path
+) -> None:
     """In bf16, a decode-only step runs every layer in one C++ call (DecodeStack); its
     logits are bit for bit those of the layers called one by one, step after step (Gemma3:
     past its sliding window)."""
@@ -280,7 +289,6 @@ def test_engine_batches_every_family_like_each_alone(pair, default_tokenizer) ->
     prompts = [_ids(n, seed=10 + n)[0].tolist() for n in (3, 9, 14)]
     params = SamplingParams(max_new_tokens=8, temperature=0.0, ignore_eos=True)
     config = EngineConfig(max_batch_size=4, max_seq_len=32, block_size=4)
-
 
     alone = []
     for p in prompts:

@@ -11,17 +11,15 @@ import torch
 
 from infer import kernels
 from infer.engine.sampler import (
-    SamplingParams,
     _sample_row,
     apply_repetition_penalty,
-    apply_top_k,
-    apply_top_p,
     make_generator,
     sample,
     sample_token,
-    sampling_probs,
     token_logprobs,
 )
+from infer.engine.sampling import SamplingParams
+from support.reference import apply_top_k, apply_top_p, sampling_probs
 
 GREEDY = SamplingParams(temperature=0.0)
 V = 32
@@ -316,8 +314,9 @@ def test_kernel_draws_the_torch_rows_tokens(scale: float) -> None:
     for step in range(25):
         logits = random_logits(len(params), vocab=3000, seed=step) * scale
         got = sample(logits, params, kernel_gens, histories)
-        want = [_sample_row(logits[i], p, torch_gens[i], histories[i])
-                for i, p in enumerate(params)]
+        want = [
+            _sample_row(logits[i], p, torch_gens[i], histories[i]) for i, p in enumerate(params)
+        ]
         assert got == want, f"step {step}"
         for history, token in zip(histories, got, strict=True):
             history.append(token)
@@ -331,15 +330,24 @@ def test_kernel_never_draws_a_banned_token() -> None:
     logits = random_logits(1, vocab=500, seed=2)[0]
     banned = torch.arange(0, 500, 3)
     logits[banned] = -math.inf
-    for params in (SamplingParams(temperature=5.0), SamplingParams(temperature=5.0, top_p=0.999),
-                   SamplingParams(temperature=5.0, top_k=400)):
+    for params in (
+        SamplingParams(temperature=5.0),
+        SamplingParams(temperature=5.0, top_p=0.999),
+        SamplingParams(temperature=5.0, top_k=400),
+    ):
         rows = logits.expand(64, -1).contiguous()
         uniforms = torch.linspace(0, 1 - 1e-16, 64, dtype=torch.float64)
         picked = kernels.ops().sample_rows(
-            rows, torch.arange(64), torch.full((64,), params.temperature),
-            torch.full((64,), params.top_k), torch.full((64,), params.top_p, dtype=torch.float64),
-            torch.ones(64), torch.zeros(0, dtype=torch.long), torch.zeros(65, dtype=torch.long),
-            uniforms)
+            rows,
+            torch.arange(64),
+            torch.full((64,), params.temperature),
+            torch.full((64,), params.top_k),
+            torch.full((64,), params.top_p, dtype=torch.float64),
+            torch.ones(64),
+            torch.zeros(0, dtype=torch.long),
+            torch.zeros(65, dtype=torch.long),
+            uniforms,
+        )
         assert not set(picked.tolist()) & set(banned.tolist())
         assert len(set(picked.tolist())) > 20
 
@@ -353,7 +361,8 @@ def test_kernel_tiny_temperature_is_greedy() -> None:
     assert sample(logits, params, gens, [[]] * 4) == logits.argmax(dim=-1).tolist()
     # The per-row torch code (other devices) agrees.
     assert [_sample_row(logits[i], p, gens[i], []) for i, p in enumerate(params)] == (
-        logits.argmax(dim=-1).tolist())
+        logits.argmax(dim=-1).tolist()
+    )
 
 
 # --- logprobs --------------------------------------------------------------------------

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 
 from infer.engine.block_manager import BlockManager
 from infer.engine.config import EngineConfig
 from infer.engine.request import FinishReason, Request, RequestStatus
-from infer.engine.sampler import SamplingParams
+from infer.engine.sampling import SamplingParams
 from infer.engine.scheduler import ContinuousScheduler, StaticScheduler, make_scheduler
 
 
@@ -36,8 +37,8 @@ def _prefill_all(plan) -> None:
             c.request.status = RequestStatus.DECODE
 
 
-def _static(**kw) -> StaticScheduler:
-    return StaticScheduler(EngineConfig(**({"batching_mode": "static"} | kw)))
+def _static(clock: Any = time.monotonic, **kw: Any) -> StaticScheduler:
+    return StaticScheduler(EngineConfig(**({"batching_mode": "static"} | kw)), clock=clock)
 
 
 def test_static_forms_a_batch_in_fcfs_order() -> None:
@@ -78,11 +79,14 @@ def test_static_dispatches_at_once_when_full() -> None:
 
 
 def test_static_waits_for_the_batch_to_fill_then_times_out() -> None:
-    s = _static(max_batch_size=4, batch_wait_timeout_s=0.01)
+    now = [100.0]
+    s = _static(max_batch_size=4, batch_wait_timeout_s=0.01, clock=lambda: now[0])
     s.add_request(_req("a"))
     s.add_request(_req("b"))
     assert s.schedule().is_empty  # the timer started
-    time.sleep(0.02)
+    now[0] += 0.005
+    assert s.schedule().is_empty  # not yet
+    now[0] += 0.01
     plan = s.schedule()
     assert len(plan.prefill) == 2
     _retire(s, *(c.request for c in plan.prefill))
@@ -134,12 +138,16 @@ def test_prefill_packs_prompts_into_the_token_budget() -> None:
     plan = s.schedule()
     # No padding: 8 + 5 + 8 + the first 11 of 30 fill the 32 tokens; "4" waits its turn.
     assert [(c.request.request_id, c.length) for c in plan.prefill] == [
-        ("0", 8), ("1", 5), ("2", 8), ("3", 11)
+        ("0", 8),
+        ("1", 5),
+        ("2", 8),
+        ("3", 11),
     ]
     _prefill_all(plan)
     plan = s.schedule()
     assert [(c.request.request_id, c.start, c.length) for c in plan.prefill] == [
-        ("3", 11, 19), ("4", 0, 2)
+        ("3", 11, 19),
+        ("4", 0, 2),
     ]
 
 
@@ -221,10 +229,17 @@ def test_has_work() -> None:
     assert not s.has_work()
 
 
-@pytest.mark.parametrize("field,value", [
-    ("max_batch_size", 0), ("batching_mode", "dynamic"), ("dtype", "int8"),
-    ("prefill_token_budget", 0), ("batch_wait_timeout_s", -1.0), ("block_size", 3),
-])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("max_batch_size", 0),
+        ("batching_mode", "dynamic"),
+        ("dtype", "int8"),
+        ("prefill_token_budget", 0),
+        ("batch_wait_timeout_s", -1.0),
+        ("block_size", 3),
+    ],
+)
 def test_invalid_config_names_the_field(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=field):
         EngineConfig(**{field: value})

@@ -4,36 +4,51 @@ from __future__ import annotations
 
 import pytest
 
+from infer.engine.prompts import PromptError, check_size
+from infer.engine.request import ErrorCode
 from infer.server import sse
 from infer.server.config import ServerConfig
 from infer.server.errors import APIError
-from infer.server.limits import ApiKeys, RateLimiter, check_prompt_size
+from infer.server.limits import ApiKeys, RateLimiter
 from infer.server.metrics import Histogram, Metrics
-from infer.server.testing import parse_sse
+from support.server import parse_sse
 
 
 def test_config_from_env() -> None:
-    config = ServerConfig.from_env({
-        "INFER_PORT": "9000", "INFER_API_KEYS": "a, b,,", "INFER_CORS_ORIGINS": "https://x/",
-        "INFER_RATE_LIMIT": "30", "INFER_MAX_TIMEOUT_S": "none", "INFER_HEARTBEAT_S": "2.5",
-        "INFER_MODEL": "/models/m", "INFER_BATCHING_MODE": "static", "INFER_SEED": "7",
-        "UNRELATED": "x",
-    })
-    assert (config.port, config.api_keys, config.cors_origins) == (9000, ("a", "b"),
-                                                                   ("https://x",))
+    config = ServerConfig.from_env(
+        {
+            "INFER_PORT": "9000",
+            "INFER_API_KEYS": "a, b,,",
+            "INFER_CORS_ORIGINS": "https://x/",
+            "INFER_RATE_LIMIT": "30",
+            "INFER_MAX_TIMEOUT_S": "none",
+            "INFER_HEARTBEAT_S": "2.5",
+            "INFER_MODEL": "/models/m",
+            "INFER_BATCHING_MODE": "static",
+            "INFER_SEED": "7",
+            "UNRELATED": "x",
+        }
+    )
+    assert (config.port, config.api_keys, config.cors_origins) == (9000, ("a", "b"), ("https://x",))
     assert (config.rate_limit, config.max_timeout_s, config.heartbeat_s) == (30, None, 2.5)
     assert (config.engine.model, config.engine.batching_mode, config.engine.seed) == (
-        "/models/m", "static", 7)
+        "/models/m",
+        "static",
+        7,
+    )
     assert ServerConfig.from_env({}) == ServerConfig()
 
 
-@pytest.mark.parametrize("env, name", [
-    ({"INFER_PORT": "http"}, "INFER_PORT"),
-    ({"INFER_PORT": "70000"}, "port"),
-    ({"INFER_HEARTBEAT_S": "0"}, "heartbeat_s"),
-    ({"INFER_BATCHING_MODE": "eager"}, "batching_mode"),
-    ({"INFER_MAX_WAITING_REQUESTS": "0"}, "max_waiting_requests"),  # would refuse everything
-])
+@pytest.mark.parametrize(
+    "env, name",
+    [
+        ({"INFER_PORT": "http"}, "INFER_PORT"),
+        ({"INFER_PORT": "70000"}, "port"),
+        ({"INFER_HEARTBEAT_S": "0"}, "heartbeat_s"),
+        ({"INFER_BATCHING_MODE": "eager"}, "batching_mode"),
+        ({"INFER_MAX_WAITING_REQUESTS": "0"}, "max_waiting_requests"),  # would refuse everything
+    ],
+)
 def test_config_errors_name_the_variable(env: dict[str, str], name: str) -> None:
     with pytest.raises(ValueError, match=name):
         ServerConfig.from_env(env)
@@ -76,10 +91,24 @@ def test_api_keys() -> None:
 
 
 def test_prompt_size_counts_utf8_bytes() -> None:
-    check_prompt_size("é" * 8, 16)
-    with pytest.raises(APIError) as e:
-        check_prompt_size("é" * 9, 16)
-    assert (e.value.status, e.value.code) == (413, "prompt_too_large")
+    check_size("é" * 8, 16)
+    with pytest.raises(PromptError) as e:
+        check_size("é" * 9, 16)
+    assert (e.value.code.status, e.value.code) == (413, "prompt_too_large")
+
+
+def test_every_error_code_is_defined_once_with_its_answer() -> None:
+    assert len({c.value for c in ErrorCode}) == len(ErrorCode)
+    assert all(c.value == c.name.lower() for c in ErrorCode)
+    assert all(c.status >= 500 or not c.retryable or c.status == 429 for c in ErrorCode)
+    error = APIError(ErrorCode.QUEUE_FULL)
+    assert (error.status, error.headers, error.body()["error"]["code"]) == (
+        503,
+        {"Retry-After": "1"},
+        "queue_full",
+    )
+    assert ErrorCode.TIMEOUT.finish_reason == "length"
+    assert ErrorCode.CANCELLED.finish_reason == "abort"
 
 
 def test_histogram_and_metrics_text() -> None:
@@ -97,14 +126,21 @@ def test_histogram_and_metrics_text() -> None:
 
 
 def test_sse_framing_round_trips() -> None:
-    blob = (sse.event({"t": "a\nb 😀"}, "token", 7) + sse.HEARTBEAT + sse.event({"x": 1})
-            + sse.DONE)
+    blob = sse.event({"t": "a\nb 😀"}, "token", 7) + sse.HEARTBEAT + sse.event({"x": 1}) + sse.DONE
     events = parse_sse(blob.decode())
+    # As EventSource reads it: an unnamed event is a "message", the last id carries over.
     assert [(e.event, e.comment, e.id) for e in events] == [
-        ("token", None, "7"), (None, "keep-alive", None), (None, None, None), (None, None, None)]
+        ("token", None, "7"),
+        ("", "keep-alive", ""),
+        ("message", None, "7"),
+        ("message", None, "7"),
+    ]
     assert events[0].json() == {"t": "a\nb 😀"} and events[-1].data == "[DONE]"
-    assert sse.split(blob) == [sse.event({"t": "a\nb 😀"}, "token", 7), sse.event({"x": 1}),
-                               sse.DONE]  # the log of a resumable stream: no heartbeats
+    assert sse.split(blob) == [
+        sse.event({"t": "a\nb 😀"}, "token", 7),
+        sse.event({"x": 1}),
+        sse.DONE,
+    ]  # the log of a resumable stream: no heartbeats
 
 
 def test_malloc_arenas_are_capped_unless_the_environment_says(monkeypatch) -> None:
@@ -134,3 +170,52 @@ async def test_a_resume_reader_never_skips_events_appended_while_it_sends() -> N
     rest = [blob async for blob in reader]
     ids = [e.id for e in parse_sse((first + b"".join(rest)).decode())]
     assert ids == ["0", "1", "2"]
+
+
+def test_hypercorn_settings_can_come_from_its_toml_file() -> None:
+    from pathlib import Path
+
+    from infer.server.serve import hypercorn_config
+
+    toml = Path(__file__).parents[2] / "hypercorn.toml"
+    hyper = hypercorn_config(ServerConfig(port=1234), path=str(toml))
+    assert hyper.bind == ["127.0.0.1:8000"] and hyper.graceful_timeout == 30
+    assert hypercorn_config(ServerConfig(port=1234)).bind == ["127.0.0.1:1234"]
+
+
+def test_every_config_field_is_a_serve_flag() -> None:
+    import dataclasses
+
+    from infer.cli import build_parser, config_values
+    from infer.engine.config import EngineConfig
+
+    parser = build_parser()
+    args = parser.parse_args(
+        [
+            "serve",
+            "--api-key",
+            "a",
+            "--api-key",
+            "b",
+            "--no-prefix-caching",
+            "--max-seq-len",
+            "128",
+            "--rate-limit",
+            "30",
+            "--dtype",
+            "float32",
+            "--settle-min-rows",
+            "0",
+        ]
+    )
+    server, engine = config_values(args, ServerConfig), config_values(args, EngineConfig)
+    assert server == {"api_keys": ("a", "b"), "rate_limit": 30.0, "settle_min_rows": 0}
+    assert engine == {"prefix_caching": False, "max_seq_len": 128, "dtype": "float32"}
+    import argparse
+
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    dests = {a.dest for a in commands.choices["serve"]._actions}
+    fields = {f.name for c in (ServerConfig, EngineConfig) for f in dataclasses.fields(c)}
+    assert fields - {"engine"} <= dests
+    with pytest.raises(SystemExit):
+        parser.parse_args(["serve", "--dtype", "int3"])

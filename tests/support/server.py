@@ -1,4 +1,4 @@
-"""Helpers for testing the server for real: Hypercorn on a free port, an SSE reader, and a
+"""Helpers for testing the server for real: Hypercorn on a free port, SSE reading, and a
 model wrapper that lets a test hold the engine between steps.
 
 Tests drive the real stack (Hypercorn's trio worker, the app, the worker thread, the engine)
@@ -24,8 +24,12 @@ from hypercorn.config import Config as HypercornConfig
 from quart_trio import QuartTrio
 from torch import nn
 
-from infer.server.app import shutdown_trigger
+from infer.bench.sse import SSEEvent, SSEParser
+from infer.bench.sse import parse as parse_sse
+from infer.server.app import drain
 from infer.server.serve import serve
+
+__all__ = ["SSEEvent", "parse_sse"]  # the one SSE parser, re-exported for the tests
 
 
 @dataclass
@@ -41,8 +45,9 @@ class ServerHandle:
 
 
 @asynccontextmanager
-async def running_server(app: QuartTrio, graceful_timeout_s: float = 5.0, drain: bool = True
-                         ) -> AsyncIterator[ServerHandle]:
+async def running_server(
+    app: QuartTrio, graceful_timeout_s: float = 5.0
+) -> AsyncIterator[ServerHandle]:
     """Serve ``app`` with Hypercorn on 127.0.0.1 and a free port until the block ends.
 
     Shutting down (leaving the block, or :meth:`ServerHandle.shutdown`) first drains the
@@ -52,8 +57,6 @@ async def running_server(app: QuartTrio, graceful_timeout_s: float = 5.0, drain:
     Args:
         app: A fresh app from ``create_app``.
         graceful_timeout_s: Hypercorn's wait for open connections after the drain.
-        drain: Drain from the shutdown trigger, as ``infer serve`` does; ``False`` stops
-            Hypercorn the way its own command line does (the app finds out by itself).
 
     Yields:
         The running server (``url`` is ``http://127.0.0.1:<port>``).
@@ -63,8 +66,7 @@ async def running_server(app: QuartTrio, graceful_timeout_s: float = 5.0, drain:
     config.graceful_timeout = graceful_timeout_s
     stop = trio.Event()
     async with trio.open_nursery() as nursery:
-        trigger = shutdown_trigger(app, stop.wait) if drain else stop.wait
-        serving = partial(serve, app, config, shutdown_trigger=trigger)
+        serving = partial(serve, app, config, shutdown_trigger=stop.wait, drain=partial(drain, app))
         urls = await nursery.start(serving)
         try:
             yield ServerHandle(urls[0], stop)
@@ -75,6 +77,23 @@ async def running_server(app: QuartTrio, graceful_timeout_s: float = 5.0, drain:
             stop.set()
 
 
+@contextmanager
+def stop_on_failure(nursery: trio.Nursery, gate: StepGate | None = None) -> Iterator[None]:
+    """Cancel ``nursery`` (a server runs in it) and open ``gate`` if the block raises.
+
+    A test that serves without :func:`running_server` (``serve_app`` until the engine
+    fails) would otherwise hang when an assertion fails: the nursery waits for a server that
+    nothing stops, and a closed gate keeps the engine thread from ending.
+    """
+    try:
+        yield
+    except BaseException:
+        if gate is not None:
+            gate.open()
+        nursery.cancel_scope.cancel()
+        raise
+
+
 def _open_gate(app: QuartTrio) -> None:
     """Open the :class:`StepGate` of ``app``'s model, if it has one."""
     state = app.extensions.get("infer")
@@ -83,8 +102,9 @@ def _open_gate(app: QuartTrio) -> None:
         model.gate.open()
 
 
-async def wait_for(predicate: Callable[[], Any], timeout_s: float = 60.0,
-                   poll_s: float = 0.01) -> None:
+async def wait_for(
+    predicate: Callable[[], Any], timeout_s: float = 60.0, poll_s: float = 0.01
+) -> None:
     """Poll ``predicate`` (sync or async) until it is true.
 
     Raises:
@@ -101,52 +121,12 @@ async def wait_for(predicate: Callable[[], Any], timeout_s: float = 60.0,
             await trio.sleep(poll_s)
 
 
-@dataclass
-class SSEEvent:
-    """One parsed server-sent event, or a comment (a heartbeat)."""
-
-    event: str | None = None
-    data: str | None = None
-    comment: str | None = None
-    id: str | None = None
-
-    def json(self) -> Any:
-        assert self.data is not None
-        return json.loads(self.data)
-
-
-def parse_sse(text: str) -> list[SSEEvent]:
-    """Parse a whole SSE body (``\\n`` line ends, as this server writes them)."""
-    events: list[SSEEvent] = []
-    fields: dict[str, str] = {}
-    data: list[str] = []
-    for line in text.split("\n"):
-        if line == "":
-            if fields or data:
-                events.append(SSEEvent(fields.get("event"), "\n".join(data),
-                                       id=fields.get("id")))
-            fields, data = {}, []
-        elif line.startswith(":"):
-            events.append(SSEEvent(comment=line[1:].strip()))
-        else:
-            name, _, value = line.partition(":")
-            value = value.removeprefix(" ")
-            if name == "data":
-                data.append(value)
-            elif name in ("event", "id"):
-                fields[name] = value
-    return events
-
-
 async def iter_sse(response: httpx.Response) -> AsyncIterator[SSEEvent]:
-    """Parse events from a streamed httpx response as they arrive."""
-    buffer = ""
-    async for chunk in response.aiter_text():
-        buffer += chunk
-        while "\n\n" in buffer:
-            block, buffer = buffer.split("\n\n", 1)
-            for event in parse_sse(block + "\n\n"):
-                yield event
+    """Events and comments of a streamed httpx response, as they arrive."""
+    parser = SSEParser(comments=True)
+    async for chunk in response.aiter_bytes():
+        for event in parser.feed(chunk):
+            yield event
 
 
 class StepGate:
@@ -272,12 +252,16 @@ async def read_stream(client: httpx.AsyncClient, path: str, body: dict, out: Str
 async def metrics(client: httpx.AsyncClient) -> dict[str, float]:
     """The server's ``/metrics`` as ``{name{labels}: value}``."""
     text = (await client.get("/metrics")).text
-    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
-            for line in text.splitlines() if line and not line.startswith("#")}
+    return {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line and not line.startswith("#")
+    }
 
 
-async def step_until(gate: StepGate, done: Callable[[], Awaitable[bool] | bool],
-                     max_steps: int = 100) -> int:
+async def step_until(
+    gate: StepGate, done: Callable[[], Awaitable[bool] | bool], max_steps: int = 100
+) -> int:
     """Let single engine steps through a closed gate until ``done``; return how many."""
     steps = 0
     while True:

@@ -1,0 +1,84 @@
+"""The native event stream of ``/v1/generate``, built from a request's outputs.
+
+``started`` → (``token`` [``trace``])* with ``metrics`` every N tokens → exactly one of
+``done`` or ``error``. Output coalesced for a slow reader arrives as one ``token`` event
+carrying several tokens' text (``count`` > 1, ``i`` the index of the last one).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from infer.engine.request import ErrorCode, StepOutput
+
+Event = tuple[dict[str, Any], str]  # payload, event name
+
+
+def started(request_id: str, model: str, created: int) -> Event:
+    """The first event of a stream."""
+    return {
+        "id": request_id,
+        "model": model,
+        "created": datetime.fromtimestamp(created, UTC).isoformat(),
+    }, "started"
+
+
+def events(
+    out: StepOutput, usage: dict[str, int], rate: dict[str, Any] | None = None
+) -> list[Event]:
+    """The events of one output; the last one is terminal if the request ended.
+
+    Args:
+        out: The output.
+        usage: The request's token counts so far (for the terminal event).
+        rate: A :func:`metrics` payload to send after the token (when one is due).
+    """
+    result: list[Event] = []
+    i = out.completion_tokens - 1
+    if out.num_tokens or out.text_delta:
+        token: dict[str, Any] = {"i": i, "token": out.text_delta, "token_id": out.token_id}
+        if out.num_tokens > 1:
+            token["count"] = out.num_tokens
+        result.append((token, "token"))
+    if out.trace is not None:
+        result.append(({"i": i, **out.trace}, "trace"))
+    if rate is not None:
+        result.append((rate, "metrics"))
+    if out.outcome is not None:
+        result.append(terminal(out, usage))
+    return result
+
+
+def metrics_due(out: StepOutput, every: int | None) -> bool:
+    """Whether this output's tokens passed a multiple of ``every``."""
+    tokens = out.completion_tokens
+    return bool(every and out.num_tokens and tokens // every > (tokens - out.num_tokens) // every)
+
+
+def terminal(out: StepOutput, usage: dict[str, int]) -> Event:
+    """``done`` with the finish reason, or ``error`` with the code."""
+    outcome = out.outcome
+    if isinstance(outcome, ErrorCode):
+        return {
+            "code": outcome.name,
+            "message": out.message or outcome.message,
+            "retryable": outcome.retryable,
+            "usage": usage,
+        }, "error"
+    assert outcome is not None  # only the last output is terminal
+    return {"finish_reason": outcome.value, "usage": usage}, "done"
+
+
+def metrics(
+    tokens: int, arrival: float, first_token_at: float | None, now: float
+) -> dict[str, Any]:
+    """A ``metrics`` payload: tokens so far, decode rate, time to first token."""
+    first = first_token_at if first_token_at is not None else now
+    decode_s = now - first
+    rate = (tokens - 1) / decode_s if tokens > 1 and decode_s > 0 else 0.0
+    return {
+        "tokens": tokens,
+        "tokens_per_sec": round(rate, 3),
+        "ttft_ms": round((first - arrival) * 1000, 3),
+    }

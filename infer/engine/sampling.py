@@ -1,0 +1,90 @@
+"""How one request picks its tokens and when it stops: :class:`SamplingParams`.
+
+Every range is stated once, in the field types below. The HTTP schemas declare their fields
+with the same types, so a value is checked by the same rule (and the same pydantic message)
+whether it comes from a request body, the command line or a library caller.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated, Any
+
+from pydantic import ConfigDict, Field
+from pydantic.dataclasses import dataclass
+
+DEFAULT_MAX_TOKENS = 256
+MAX_STOP_STRINGS = 8
+MAX_LOGPROBS = 20
+MAX_TEMPERATURE = 100.0
+MAX_PENALTY = 2.0  # presence and frequency penalties, as OpenAI bounds them
+MAX_LOGIT_BIAS = 100.0
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed accepts
+
+MaxTokens = Annotated[int, Field(ge=1)]
+Temperature = Annotated[float, Field(ge=0.0, le=MAX_TEMPERATURE)]
+TopP = Annotated[float, Field(gt=0.0, le=1.0)]
+TopK = Annotated[int, Field(ge=0)]
+RepetitionPenalty = Annotated[float, Field(gt=0.0)]
+Penalty = Annotated[float, Field(ge=-MAX_PENALTY, le=MAX_PENALTY)]
+TokenId = Annotated[int, Field(ge=0)]
+Bias = Annotated[float, Field(ge=-MAX_LOGIT_BIAS, le=MAX_LOGIT_BIAS)]
+StopStrings = Annotated[
+    list[Annotated[str, Field(min_length=1)]], Field(max_length=MAX_STOP_STRINGS)
+]
+Seed = Annotated[int, Field(ge=SEED_MIN, le=SEED_MAX)]
+Logprobs = Annotated[int, Field(ge=0, le=MAX_LOGPROBS)]
+
+if TYPE_CHECKING:
+    from infer.engine.grammar import Grammar
+
+    GrammarOrNone = Grammar | None
+else:  # compiled by the server (and checked there); importing xgrammar here costs seconds
+    GrammarOrNone = Any
+
+
+@dataclass(config=ConfigDict(allow_inf_nan=False))
+class SamplingParams:
+    """How one request picks its tokens and when it stops.
+
+    Args:
+        max_new_tokens: Most tokens to generate (>= 1).
+        temperature: Softmax temperature in ``[0, 100]``; 0 means greedy (argmax).
+        top_p: Nucleus sampling: keep the smallest set of tokens whose probability
+            mass reaches ``top_p``; in ``(0, 1]``, 1 disables it.
+        top_k: Keep only the ``top_k`` most likely tokens; 0 disables it.
+        repetition_penalty: Hugging Face style penalty (> 0) on every token already
+            seen in the prompt or the output; 1 disables it.
+        stop: Up to 8 non-empty strings; generation ends before the first of them.
+        seed: Seed of this request's own generator; ``None`` uses the global RNG.
+        ignore_eos: Keep generating past the end-of-sequence token.
+        logprobs: How many top log-probabilities to report per token (0 to 20).
+        presence_penalty: OpenAI's: subtracted once from the logit of every token already
+            generated; in ``[-2, 2]``.
+        frequency_penalty: OpenAI's: subtracted from a token's logit once per time it was
+            generated; in ``[-2, 2]``.
+        logit_bias: Token id -> value in ``[-100, 100]`` added to its logit (-100 bans it,
+            +100 all but forces it).
+        grammar: Constrains the output to a grammar (structured output); ``None``: free.
+
+    Raises:
+        ValueError: A field is out of range; the message names the field.
+    """
+
+    max_new_tokens: MaxTokens = DEFAULT_MAX_TOKENS
+    temperature: Temperature = 1.0
+    top_p: TopP = 1.0
+    top_k: TopK = 0
+    repetition_penalty: RepetitionPenalty = 1.0
+    stop: StopStrings = Field(default_factory=list)
+    seed: Seed | None = None
+    ignore_eos: bool = False
+    logprobs: Logprobs = 0
+    presence_penalty: Penalty = 0.0
+    frequency_penalty: Penalty = 0.0
+    logit_bias: dict[TokenId, Bias] = Field(default_factory=dict)
+    grammar: GrammarOrNone = None
+
+    @property
+    def greedy(self) -> bool:
+        """Whether this request takes the argmax instead of sampling."""
+        return self.temperature == 0.0

@@ -1,0 +1,286 @@
+"""From an HTTP request to a running :class:`RequestStream`: the one way in for every route.
+
+:func:`parse_body` validates the JSON body against its pydantic model (the only place input
+is checked). :func:`admit` encodes the prompts (in a thread: a chat template renders there
+too), gives each choice its sampling parameters, and submits them to the worker. Every
+refusal is an :class:`APIError` with its :class:`ErrorCode`, counted in the metrics.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import MutableMapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+
+import trio
+from pydantic import BaseModel, ValidationError
+from quart import request
+
+from infer.engine.engine import Engine, QueueFullError
+from infer.engine.prompts import PromptError, encode_prompt
+from infer.engine.request import ErrorCode, TraceSpec
+from infer.engine.sampling import SamplingParams
+from infer.server.asgi import on_request_end
+from infer.server.errors import APIError
+from infer.server.schemas import ChatMessage, SamplingFields
+from infer.server.state import ServerState
+from infer.server.stream import RequestStream
+from infer.server.worker import WorkerStoppedError
+
+if TYPE_CHECKING:
+    from infer.engine.grammar import Grammar, GrammarCompiler
+
+Body = TypeVar("Body", bound=BaseModel)
+
+SEED_MOD = 2**64
+_SEED_STEP = 0x9E3779B97F4A7C15  # odd: choices of one seed never collide
+
+
+async def parse_body(model: type[Body]) -> Body:
+    """Read and validate the JSON body of the current request.
+
+    Raises:
+        APIError: ``INVALID_JSON`` for malformed JSON or a body that is not an object,
+            ``INVALID_VALUE`` for fields that fail validation (unknown fields included);
+            ``BODY_TOO_LARGE`` comes from the body limit.
+    """
+    raw = await request.get_data(as_text=False)
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise APIError(ErrorCode.INVALID_JSON, f"malformed JSON body: {e}") from None
+    except RecursionError:  # the decoder recurses once per nesting level
+        raise APIError(ErrorCode.INVALID_JSON, "the JSON body is nested too deeply") from None
+    if not isinstance(data, dict):
+        raise APIError(ErrorCode.INVALID_JSON, "the body must be a JSON object")
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise APIError(ErrorCode.INVALID_VALUE, validation_message(e)) from None
+
+
+def validation_message(error: ValidationError) -> str:
+    """A one-line summary of pydantic's errors, named by the client's field names."""
+    parts = []
+    for err in error.errors()[:3]:
+        loc = ".".join(str(p) for p in err["loc"])
+        if err["type"] == "extra_forbidden":
+            parts.append(f"unknown field {loc!r}")
+        else:
+            msg = err["msg"].removeprefix("Value error, ")
+            parts.append(f"{loc}: {msg}" if loc else msg)
+    return "; ".join(parts)
+
+
+def check_model(state: ServerState, model: str | None) -> None:
+    """Refuse a ``model`` other than the loaded one; ``None`` means the loaded one."""
+    if model is not None and model not in (state.model_name, state.config.engine.model):
+        raise APIError(
+            ErrorCode.MODEL_NOT_FOUND,
+            f"model {model!r} is not served here; this server serves {state.model_name!r}",
+        )
+
+
+def turns(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
+    """Chat messages as the template takes them."""
+    return [{"role": m.role, "content": m.text()} for m in messages]
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One prompt of a request: text or token ids, or a conversation."""
+
+    text: str | list[int] | None = None
+    messages: Sequence[ChatMessage] | None = None
+
+
+async def encode(
+    state: ServerState,
+    engine: Engine,
+    prompts: Sequence[Prompt],
+    *,
+    add_generation_prompt: bool = True,
+    add_special_tokens: bool = False,
+    allow_empty: bool = False,
+) -> list[list[int]]:
+    """Token ids of each prompt, size-checked (one thread hop for all of them).
+
+    Raises:
+        APIError: Empty, too large, ids outside the vocabulary, or a refused conversation.
+    """
+    tokenizer, vocab = engine.tokenizer, engine.model.config.vocab_size
+    max_bytes = state.config.max_prompt_bytes
+
+    def run() -> list[list[int]]:
+        return [
+            encode_prompt(
+                tokenizer,
+                vocab,
+                p.text,
+                turns(p.messages) if p.messages is not None else None,
+                add_generation_prompt=add_generation_prompt,
+                add_special_tokens=add_special_tokens,
+                max_bytes=max_bytes,
+                allow_empty=allow_empty,
+            )
+            for p in prompts
+        ]
+
+    try:
+        return await trio.to_thread.run_sync(run)
+    except PromptError as e:
+        raise APIError(e.code, str(e)) from None
+
+
+async def compile_format(
+    state: ServerState, engine: Engine, fields: SamplingFields
+) -> Grammar | None:
+    """The grammar a request's ``response_format`` asks for; ``None`` for free text.
+
+    The compiler (building it reads the whole vocabulary) is made by the first structured
+    request; compiling runs in a thread.
+
+    Raises:
+        APIError: ``INVALID_SCHEMA`` when the schema cannot be compiled.
+    """
+    schema = fields.json_schema()
+    if schema is None:
+        return None
+    from infer.engine.grammar import GrammarError  # xgrammar takes seconds to import
+
+    if state.compiler is None:
+        state.compiler = await trio.to_thread.run_sync(_new_compiler, engine)
+    try:
+        return await trio.to_thread.run_sync(state.compiler.json_schema, schema)
+    except GrammarError as e:
+        raise APIError(ErrorCode.INVALID_SCHEMA, f"response_format: {e}") from None
+
+
+def _new_compiler(engine: Engine) -> GrammarCompiler:
+    from infer.engine.grammar import GrammarCompiler
+
+    vocab = engine.model.config.vocab_size
+    return GrammarCompiler(engine.tokenizer, vocab, sorted(engine.eos_token_ids))
+
+
+def choice_seed(seed: int | None, index: int) -> int | None:
+    """The seed of choice ``index`` of a request seeded with ``seed``.
+
+    Choice 0 keeps the request's seed (so ``n=1`` and the first of ``n`` agree); the others
+    get distinct seeds derived from it, the same on every call.
+    """
+    if seed is None or index == 0:
+        return seed
+    return (seed + index * _SEED_STEP) % SEED_MOD
+
+
+@dataclass
+class Admitted:
+    """A request the worker has taken: its stream and each prompt's ids."""
+
+    stream: RequestStream
+    prompt_ids: list[list[int]]
+
+
+async def admit(
+    state: ServerState,
+    prompts: Sequence[Prompt],
+    fields: SamplingFields,
+    *,
+    arrival: float,
+    default_max_tokens: int,
+    n: int = 1,
+    logprobs: int = 0,
+    trace: TraceSpec | None = None,
+    timeout_s: float | None = None,
+    guard: bool = True,
+) -> Admitted:
+    """Encode, check and submit a request: ``n`` choices per prompt, prompt by prompt.
+
+    Args:
+        state: The server.
+        prompts: What to complete.
+        fields: The validated sampling fields.
+        arrival: ``trio.current_time()`` when the request arrived.
+        default_max_tokens: The token limit when the client set none (capped by the room
+            the context leaves).
+        n: Choices per prompt.
+        logprobs: Alternatives per token to report.
+        trace: Per-token traces (native streams).
+        timeout_s: The client's time limit (capped by ``max_timeout_s``).
+        guard: End the stream when this HTTP request ends unread (``False`` when something
+            else reads it: a resumable stream's producer).
+
+    Raises:
+        APIError: The request is refused (counted in the metrics).
+    """
+    try:
+        engine, worker = state.require_ready()
+        check_model(state, fields.model)
+        _check_trace(engine, trace)
+        if fields.logit_bias and max(fields.logit_bias) >= engine.model.config.vocab_size:
+            raise APIError(
+                ErrorCode.INVALID_VALUE,
+                f"logit_bias: token ids must be below {engine.model.config.vocab_size}",
+            )
+        grammar = await compile_format(state, engine, fields)
+        ids = await encode(state, engine, prompts)
+        choices: list[list[int]] = []
+        params: list[SamplingParams] = []
+        for prompt in ids:
+            max_tokens = _max_tokens(engine, len(prompt), fields.limit(), default_max_tokens)
+            for _ in range(n):
+                choices.append(prompt)
+                params.append(
+                    fields.sampling_params(
+                        max_tokens, choice_seed(fields.seed, len(params)), logprobs, grammar
+                    )
+                )
+        state.require_ready()  # a drain or an engine failure may have begun meanwhile
+        try:
+            stream = worker.submit(
+                choices, params, arrival, trace, _timeout(state, timeout_s), num_prompts=len(ids)
+            )
+        except QueueFullError as e:
+            raise APIError(
+                ErrorCode.QUEUE_FULL, f"the server is busy ({e}); retry shortly"
+            ) from None
+        except WorkerStoppedError:
+            state.require_ready()
+            raise APIError(ErrorCode.SHUTTING_DOWN) from None
+    except APIError as e:
+        state.metrics.rejected[e.code.value] += 1
+        raise
+    # Still open when its HTTP request ends, the stream was never read: the response failed
+    # before its body (or the client left in that instant). Counted as an error.
+    if guard:
+        on_request_end(cast(MutableMapping[str, Any], request.scope), stream.fail)
+    return Admitted(stream, ids)
+
+
+def _max_tokens(engine: Engine, prompt_len: int, limit: int | None, default: int) -> int:
+    room = engine.config.max_seq_len - prompt_len
+    max_tokens = limit if limit is not None else min(default, room)
+    if prompt_len + max(max_tokens, 1) > engine.config.max_seq_len:
+        raise APIError(
+            ErrorCode.CONTEXT_LENGTH_EXCEEDED,
+            f"prompt ({prompt_len} tokens) + max_tokens ({max(max_tokens, 1)}) "
+            f"exceeds max_seq_len ({engine.config.max_seq_len})",
+        )
+    return max_tokens
+
+
+def _check_trace(engine: Engine, trace: TraceSpec | None) -> None:
+    layers = engine.model.config.num_hidden_layers
+    if trace is not None and trace.layer is not None and trace.layer >= layers:
+        raise APIError(
+            ErrorCode.INVALID_VALUE, f"trace.layer must be in [0, {layers - 1}], got {trace.layer}"
+        )
+
+
+def _timeout(state: ServerState, requested: float | None) -> float | None:
+    cap = state.config.max_timeout_s
+    if requested is None:
+        return cap
+    return requested if cap is None else min(requested, cap)

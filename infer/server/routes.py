@@ -1,0 +1,407 @@
+"""The API's routes: OpenAI completions and chat, the native event stream, attention
+inspection, tokenizing, and the model list.
+
+Each generation route parses its body (:func:`~infer.server.admission.parse_body`), admits
+the request (:func:`~infer.server.admission.admit`), and reads the one
+:class:`~infer.server.stream.RequestStream` it gets back, turning each ``(index, output)``
+into OpenAI chunks or native events with the pure functions of :mod:`infer.api`. A stream
+always ends with exactly one terminal: ``[DONE]`` (after an error chunk if the request
+failed part-way) or a native ``done``/``error`` event.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from typing import Any, cast
+
+import trio
+from quart import Blueprint, Response, current_app, jsonify, request
+from quart_trio import QuartTrio
+
+from infer.api import native, openai
+from infer.engine.request import ErrorCode, StepOutput, TraceSpec
+from infer.engine.sampling import DEFAULT_MAX_TOKENS
+from infer.server import resume, sse
+from infer.server.admission import Prompt, admit, check_model, encode, parse_body
+from infer.server.errors import APIError
+from infer.server.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    GenerateRequest,
+    InspectRequest,
+    TokenizeRequest,
+)
+from infer.server.state import ServerState, get_state
+from infer.server.stream import RequestStream
+from infer.server.worker import WorkerStoppedError
+
+log = logging.getLogger("infer.server")
+
+blueprint = Blueprint("api", __name__)
+
+COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+DECIMALS = 6  # attention weights: float32 carries about 7 significant digits
+
+
+# --- OpenAI -------------------------------------------------------------------------------
+
+
+@blueprint.get("/v1/models")
+async def models() -> Response:
+    """The one model this server serves, with its context length."""
+    state = get_state()
+    return jsonify(
+        {
+            "object": "list",
+            "data": [
+                {
+                    "id": state.model_name,
+                    "object": "model",
+                    "created": 0,
+                    "owned_by": "infer",
+                    "max_model_len": state.max_model_len,
+                }
+            ],
+        }
+    )
+
+
+@blueprint.post("/v1/completions")
+async def completions() -> Response:
+    """Text completions of ``prompt`` (one or a list), ``n`` per prompt."""
+    arrival = trio.current_time()
+    body = await parse_body(CompletionRequest)
+    state = get_state()
+    wanted = body.logprobs
+    admitted = await admit(
+        state,
+        [Prompt(p) for p in body.prompt_list()],
+        body,
+        arrival=arrival,
+        default_max_tokens=COMPLETION_MAX_TOKENS,
+        n=body.n,
+        logprobs=_engine_logprobs(wanted),
+    )
+    stream = admitted.stream
+    echo = None
+    if body.echo:
+        texts = [p if isinstance(p, str) else await _decode(state, p) for p in body.prompt_list()]
+        echo = [text for text in texts for _ in range(body.n)]
+    head = openai.Head(
+        "cmpl-" + stream.id,
+        stream.stats.created,
+        state.model_name,
+        chat=False,
+        top_logprobs=wanted,
+        usage_field=_include_usage(body),
+    )
+    return await _respond(state, stream, head, body.stream, echo)
+
+
+@blueprint.post("/v1/chat/completions")
+async def chat_completions() -> Response:
+    """``n`` assistant replies to ``messages``, through the chat template."""
+    arrival = trio.current_time()
+    body = await parse_body(ChatCompletionRequest)
+    state = get_state()
+    if body.wants_tools():
+        raise APIError(ErrorCode.TOOLS_UNSUPPORTED, _tools_refusal(state))
+    wanted = (body.top_logprobs or 0) if body.logprobs else None
+    admitted = await admit(
+        state,
+        [Prompt(messages=body.messages)],
+        body,
+        arrival=arrival,
+        default_max_tokens=DEFAULT_MAX_TOKENS,
+        n=body.n,
+        logprobs=_engine_logprobs(wanted),
+    )
+    stream = admitted.stream
+    head = openai.Head(
+        "chatcmpl-" + stream.id,
+        stream.stats.created,
+        state.model_name,
+        chat=True,
+        top_logprobs=wanted,
+        usage_field=_include_usage(body),
+    )
+    return await _respond(state, stream, head, body.stream)
+
+
+def _engine_logprobs(wanted: int | None) -> int:
+    return max(1, wanted) if wanted is not None else 0
+
+
+def _include_usage(body: CompletionRequest | ChatCompletionRequest) -> bool:
+    return bool(body.stream_options and body.stream_options.include_usage)
+
+
+def _tools_refusal(state: ServerState) -> str:
+    """Why ``tools`` is refused: no template here is given tools, no tool call is parsed."""
+    template = getattr(state.engine.tokenizer, "chat_template", None) if state.engine else None
+    why = (
+        "tool calls are not parsed by this server"
+        if template and "tools" in template
+        else f"the chat template of {state.model_name} has no tool support"
+    )
+    return f"tools: {why}"
+
+
+async def _respond(
+    state: ServerState,
+    stream: RequestStream,
+    head: openai.Head,
+    streamed: bool,
+    echo: list[str] | None = None,
+) -> Response:
+    if streamed:
+        return sse.stream_response(_chunks(stream, head, echo, state.config.heartbeat_s))
+    return jsonify(await _collect(stream, head, echo))
+
+
+async def _chunks(
+    stream: RequestStream, head: openai.Head, echo: list[str] | None, heartbeat_s: float
+) -> AsyncIterator[bytes]:
+    """``data:`` events until every choice has ended (or one failed), then ``[DONE]``."""
+    with stream:
+        yield _frames(openai.opening(head, len(stream.choices), echo))
+        while True:
+            try:
+                item = await stream.next(heartbeat_s)
+                if item is None:
+                    yield sse.HEARTBEAT
+                    continue
+                index, out = item
+                frames = _frames(openai.output_chunks(head, index, out))
+            except Exception:  # noqa: BLE001 - the stream must still end with [DONE]
+                log.exception("stream %s failed", stream.id)
+                stream.fail()
+                yield sse.event(openai.error_chunk(ErrorCode.INFERENCE_FAILED)) + sse.DONE
+                return
+            if _failed(out):  # the other choices end with the stream (aborted)
+                yield frames + sse.DONE
+                return
+            if stream.finished:
+                if head.usage_field:
+                    frames += sse.event(openai.usage_chunk(head, stream.usage()))
+                yield frames + sse.DONE
+                return
+            yield frames
+
+
+def _frames(chunks: list[dict[str, Any]]) -> bytes:
+    return b"".join(sse.event(c) for c in chunks)
+
+
+def _failed(out: StepOutput) -> bool:
+    """Whether this output ends its choice with an error (a timeout ends it ``length``)."""
+    return isinstance(out.outcome, ErrorCode) and openai.finish_reason(out.outcome) is None
+
+
+async def _collect(
+    stream: RequestStream, head: openai.Head, echo: list[str] | None
+) -> dict[str, Any]:
+    """Run every choice to its end and build the one response body.
+
+    Raises:
+        APIError: A choice failed (its code gives the status).
+    """
+    count = len(stream.choices)
+    texts: list[list[str]] = [[] for _ in range(count)]
+    choices = [openai.Choice("", None, []) for _ in range(count)]
+    with stream:
+        while not stream.finished:
+            item = await stream.next()
+            assert item is not None  # no wait limit was given
+            index, out = item
+            texts[index].append(out.text_delta)
+            if out.logprobs is not None:
+                choices[index].outputs.append(out)
+            if out.outcome is not None:
+                if _failed(out):
+                    raise APIError(cast(ErrorCode, out.outcome), out.message)
+                choices[index].finish_reason = openai.finish_reason(out.outcome)
+    for choice, text in zip(choices, texts, strict=True):
+        choice.text = "".join(text)
+    return openai.body(head, choices, stream.usage(), echo)
+
+
+# --- native ---------------------------------------------------------------------------------
+
+
+@blueprint.post("/v1/generate")
+async def generate() -> Response:
+    """Start a generation and stream its events (or resume one, given its ``request_id``)."""
+    arrival = trio.current_time()
+    state = get_state()
+    body = await parse_body(GenerateRequest)
+    if body.request_id is not None:
+        return await _resumable(state, body, arrival)
+    stream = await _admit_native(state, body, arrival)
+    return sse.stream_response(_events(state, stream, body.metrics_every))
+
+
+async def _admit_native(
+    state: ServerState, body: GenerateRequest, arrival: float, guard: bool = True
+) -> RequestStream:
+    trace = TraceSpec(body.trace.top_k, body.trace.layer) if body.trace else None
+    admitted = await admit(
+        state,
+        [Prompt(body.prompt, body.messages)],
+        body,
+        arrival=arrival,
+        default_max_tokens=DEFAULT_MAX_TOKENS,
+        trace=trace,
+        timeout_s=body.timeout_s,
+        guard=guard,
+    )
+    return admitted.stream
+
+
+async def _resumable(state: ServerState, body: GenerateRequest, arrival: float) -> Response:
+    """Read the request ``body.request_id`` names, starting it if it is not known yet."""
+    assert body.request_id is not None  # checked by the caller
+    key = resume.fingerprint(body)
+    after = resume.last_event_id(request.headers.get("Last-Event-ID"))
+    log_ = state.resumable.find(body.request_id, key)
+    if log_ is None:
+        stream = await _admit_native(state, body, arrival, guard=False)
+        try:  # another POST with this id may have started it while we tokenized
+            log_ = state.resumable.find(body.request_id, key)
+        except APIError:
+            stream.close()
+            raise
+        if log_ is None:
+            nursery = cast(QuartTrio, current_app).nursery  # outlives this HTTP request
+            events = _events(state, stream, body.metrics_every)
+            log_ = state.resumable.open(nursery, body.request_id, key, events)
+            return sse.stream_response(log_.read(after))
+        stream.close()
+    state.metrics.stream_resumes += 1
+    return sse.stream_response(log_.read(after))
+
+
+async def _events(
+    state: ServerState, stream: RequestStream, metrics_every: int | None
+) -> AsyncIterator[bytes]:
+    """The stream's events, each with its ``id:`` (its number in the stream, from 0)."""
+    with stream:
+        yield sse.event(*native.started(stream.id, state.model_name, stream.stats.created), 0)
+        seq = 1
+        heartbeat_s = state.config.heartbeat_s
+        while not stream.finished:
+            try:
+                item = await stream.next(heartbeat_s)
+                if item is None:
+                    yield sse.HEARTBEAT
+                    continue
+                _, out = item
+                rate = None
+                if native.metrics_due(out, metrics_every):
+                    stats = stream.stats
+                    rate = native.metrics(
+                        stream.choices[0].tokens,
+                        stats.arrival,
+                        stats.first_token_at,
+                        trio.current_time(),
+                    )
+                events = native.events(out, stream.usage(), rate)
+            except Exception:  # noqa: BLE001 - the stream must still end with one terminal
+                log.exception("stream %s failed", stream.id)
+                stream.fail()
+                code = ErrorCode.INFERENCE_FAILED
+                yield sse.event(
+                    {"code": code.name, "message": code.message, "retryable": code.retryable},
+                    "error",
+                    seq,
+                )
+                return
+            yield b"".join(sse.event(data, name, seq + i) for i, (data, name) in enumerate(events))
+            seq += len(events)
+
+
+# --- inspection and tokens -------------------------------------------------------------------
+
+
+@blueprint.post("/v1/inspect/attention")
+async def attention() -> Response:
+    """``{layer, head, tokens, attn}`` with ``attn[i][j]`` the weight query i gives key j.
+
+    The forward runs on the engine thread, between two steps.
+    """
+    state = get_state()
+    body = await parse_body(InspectRequest)
+    engine, worker = state.require_ready()
+    check_model(state, body.model)
+    config = engine.model.config
+    if body.layer >= config.num_hidden_layers:
+        raise APIError(
+            ErrorCode.INVALID_VALUE,
+            f"layer must be in [0, {config.num_hidden_layers - 1}], got {body.layer}",
+        )
+    if body.head >= config.num_attention_heads:
+        raise APIError(
+            ErrorCode.INVALID_VALUE,
+            f"head must be in [0, {config.num_attention_heads - 1}], got {body.head}",
+        )
+    [ids] = await encode(state, engine, [Prompt(body.prompt, body.messages)])
+    limit = state.config.max_inspect_tokens
+    if len(ids) > limit:
+        raise APIError(
+            ErrorCode.CONTEXT_LENGTH_EXCEEDED,
+            f"the prompt is {len(ids)} tokens; attention inspection takes at most {limit}",
+        )
+    try:
+        matrix = await worker.call(lambda e: e.attention_matrix(ids, body.layer, body.head))
+    except WorkerStoppedError:
+        state.require_ready()
+        raise APIError(ErrorCode.SHUTTING_DOWN) from None
+    rows = [[round(x, DECIMALS) for x in row] for row in matrix.tolist()]
+    tokens = [str(engine.tokenizer.decode([i])) for i in ids]
+    return jsonify({"layer": body.layer, "head": body.head, "tokens": tokens, "attn": rows})
+
+
+@blueprint.post("/tokenize")
+async def tokenize() -> Response:
+    """``{tokens, count, max_model_len}`` (and ``token_strs`` when asked): what the
+    generation routes would feed the model, with the same prompt-size limit."""
+    body = await parse_body(TokenizeRequest)
+    state = get_state()
+    engine, _ = state.require_ready()
+    check_model(state, body.model)
+    [ids] = await encode(
+        state,
+        engine,
+        [Prompt(body.prompt, body.messages)],
+        add_generation_prompt=body.add_generation_prompt,
+        add_special_tokens=body.add_special_tokens,
+        allow_empty=True,
+    )
+    answer: dict[str, Any] = {
+        "tokens": ids,
+        "count": len(ids),
+        "max_model_len": state.max_model_len,
+    }
+    if body.return_token_strs:
+        answer["token_strs"] = engine.tokenizer.convert_ids_to_tokens(ids)
+    return jsonify(answer)
+
+
+@blueprint.post("/detokenize")
+async def detokenize() -> Response:
+    """``{prompt}``: the text of ``tokens``."""
+    body = await parse_body(DetokenizeRequest)
+    state = get_state()
+    engine, _ = state.require_ready()
+    check_model(state, body.model)
+    vocab = engine.model.config.vocab_size
+    if any(not 0 <= t < vocab for t in body.tokens):
+        raise APIError(ErrorCode.INVALID_VALUE, f"tokens: ids must be in [0, {vocab})")
+    return jsonify({"prompt": await _decode(state, body.tokens)})
+
+
+async def _decode(state: ServerState, ids: list[int]) -> str:
+    engine, _ = state.require_ready()
+    return str(await trio.to_thread.run_sync(engine.tokenizer.decode, ids))

@@ -1,0 +1,43 @@
+"""Plain reference implementations of sampling steps, to check the engine's fast paths."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from infer.engine.sampler import _candidates
+from infer.engine.sampling import SamplingParams
+
+
+def apply_top_k(logits: Tensor, k: int) -> Tensor:
+    """Keep exactly the ``k`` largest of ``[V]`` logits (ties keep k); 0 or ``k >= V``: all."""
+    if k <= 0 or k >= logits.shape[-1]:
+        return logits
+    top = torch.topk(logits, k)
+    return torch.full_like(logits, -math.inf).scatter_(-1, top.indices, top.values)
+
+
+def apply_top_p(logits: Tensor, p: float) -> Tensor:
+    """Keep the smallest set of likeliest tokens whose mass reaches ``p`` (a full sort)."""
+    if p >= 1.0:
+        return logits
+    probs, ids = torch.sort(torch.softmax(logits, dim=-1), descending=True)
+    before = torch.cumsum(probs, dim=-1) - probs  # mass of the tokens ahead of each
+    keep = ids[: max(1, int((before < p).sum()))]
+    return torch.full_like(logits, -math.inf).scatter_(-1, keep, logits[keep])
+
+
+def sampling_probs(logits: Tensor, params: SamplingParams, history: Sequence[int]) -> Tensor:
+    """The ``[V]`` distribution the engine's sampler draws one row from (0 where masked).
+
+    Raises:
+        ValueError: ``params`` is greedy (there is no distribution to draw from).
+    """
+    if params.greedy:
+        raise ValueError("sampling_probs needs temperature > 0")
+    weights, ids = _candidates(logits, params, history)
+    weights = weights / weights.sum()
+    return weights if ids is None else torch.zeros_like(logits).scatter_(-1, ids, weights)
