@@ -5,11 +5,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen3ForCausalLM", "Gemma3ForCausalLM")
+SUPPORTED_ARCHITECTURES = (
+    "LlamaForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+    "Gemma3ForCausalLM",
+)
 ROPE_TYPES = ("default", "linear", "llama3")
 # For a config.json that names no architectures.
 _MODEL_TYPES = {
     "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "gemma3_text": "Gemma3ForCausalLM",
 }
@@ -51,7 +57,8 @@ class ModelConfig:
     rms_norm_eps: float = 1e-6
     tie_word_embeddings: bool = False
     max_position_embeddings: int = 8192
-    attention_bias: bool = False
+    attention_bias: bool = False  # q, k, v and o projections (Llama's flag)
+    qkv_bias: bool = False  # q, k and v only (Qwen2)
     mlp_bias: bool = False
     hidden_act: str = "silu"
     layer_types: tuple[str, ...] = ()
@@ -107,6 +114,7 @@ def _from_hf(arch: str, d: dict[str, Any]) -> ModelConfig:
         tie_word_embeddings=d.get("tie_word_embeddings", gemma),
         max_position_embeddings=d.get("max_position_embeddings", 8192),
         attention_bias=d.get("attention_bias", False),
+        qkv_bias=arch == "Qwen2ForCausalLM",
         mlp_bias=d.get("mlp_bias", False),
         hidden_act=d.get("hidden_activation") or d.get("hidden_act") or "silu",
         layer_types=layer_types,

@@ -22,6 +22,7 @@ from infer.models.errors import LoadError, eos_token_ids, one_line
 # GGUF architecture -> Hugging Face architecture.
 GGUF_ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "gemma3": "Gemma3ForCausalLM",
 }

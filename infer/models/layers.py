@@ -175,11 +175,12 @@ class Attention(nn.Module):
         self.layer_type = c.layer_types[layer_idx]
         scalar = c.query_pre_attn_scalar or c.head_dim
         self.scale = scalar**-0.5
-        bias = c.attention_bias
+        bias = c.attention_bias or c.qkv_bias
         self.q_proj = nn.Linear(c.hidden_size, self.num_heads * c.head_dim, bias=bias)
         self.k_proj = nn.Linear(c.hidden_size, self.num_kv_heads * c.head_dim, bias=bias)
         self.v_proj = nn.Linear(c.hidden_size, self.num_kv_heads * c.head_dim, bias=bias)
-        self.o_proj = nn.Linear(self.num_heads * c.head_dim, c.hidden_size, bias=bias)
+        o_bias = c.attention_bias
+        self.o_proj = nn.Linear(self.num_heads * c.head_dim, c.hidden_size, bias=o_bias)
         self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps, norm_offset) if qk_norm else None
         self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps, norm_offset) if qk_norm else None
 

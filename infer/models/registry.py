@@ -12,10 +12,12 @@ from infer.models.config import ModelConfig
 from infer.models.gemma3 import Gemma3ForCausalLM
 from infer.models.layers import Attention, GatedMLP
 from infer.models.llama import LlamaForCausalLM
+from infer.models.qwen2 import Qwen2ForCausalLM
 from infer.models.qwen3 import Qwen3ForCausalLM
 
 MODEL_CLASSES: dict[str, type[CausalLM]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
+    "Qwen2ForCausalLM": Qwen2ForCausalLM,
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
 }

@@ -38,6 +38,11 @@ def _tiny_config(family: str) -> tuple[transformers.PreTrainedConfig, type]:
     if family == "llama":
         cfg = transformers.LlamaConfig(**common, num_hidden_layers=2, tie_word_embeddings=False)
         return cfg, transformers.LlamaForCausalLM
+    if family == "qwen2":
+        cfg = transformers.Qwen2Config(
+            **common, num_hidden_layers=2, rope_theta=1e6, tie_word_embeddings=False
+        )
+        return cfg, transformers.Qwen2ForCausalLM
     if family == "qwen3":
         cfg = transformers.Qwen3Config(
             **common, num_hidden_layers=2, head_dim=16, tie_word_embeddings=True
@@ -55,9 +60,9 @@ def _tiny_model(family: str) -> transformers.PreTrainedModel:
     cfg, cls = _tiny_config(family)
     model = cls(cfg).eval()
     model.set_attn_implementation("eager")
-    with torch.no_grad():  # random init leaves norms at 1 (Gemma: 0); make them matter
+    with torch.no_grad():  # random init leaves norms at 1 (Gemma: 0), biases at 0
         for name, p in model.named_parameters():
-            if "norm" in name:
+            if "norm" in name or name.endswith(".bias"):
                 p.add_(torch.randn_like(p) * 0.2)
     return model
 
@@ -180,7 +185,7 @@ def test_unsupported_gguf_architecture(tmp_path: Path) -> None:
     writer.add_block_count(1)
     writer.add_tensor("token_embd.weight", np.zeros((8, 4), dtype=np.float32))
     _write_gguf(writer)
-    _check_error(str(path), "'gpt2'", "llama", "qwen3", "gemma3")
+    _check_error(str(path), "'gpt2'", "llama", "qwen2", "qwen3", "gemma3")
 
 
 def test_other_file(tmp_path: Path) -> None:
@@ -253,7 +258,11 @@ def _llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
 
 def _to_gguf(model: transformers.PreTrainedModel, family: str, path: Path) -> None:
     cfg = model.config
-    arch = {"llama": gguf.MODEL_ARCH.LLAMA, "qwen3": gguf.MODEL_ARCH.QWEN3}.get(
+    arch = {
+        "llama": gguf.MODEL_ARCH.LLAMA,
+        "qwen2": gguf.MODEL_ARCH.QWEN2,
+        "qwen3": gguf.MODEL_ARCH.QWEN3,
+    }.get(
         family, gguf.MODEL_ARCH.GEMMA3
     )
     names = gguf.get_tensor_name_map(arch, cfg.num_hidden_layers)
@@ -267,7 +276,7 @@ def _to_gguf(model: transformers.PreTrainedModel, family: str, path: Path) -> No
     writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     rope = cfg.rope_parameters.get("full_attention", cfg.rope_parameters)
     writer.add_rope_freq_base(rope["rope_theta"])
-    if family != "llama":
+    if family not in ("llama", "qwen2"):
         writer.add_key_length(cfg.head_dim)
     if family == "gemma3":
         writer.add_sliding_window(cfg.sliding_window)
@@ -294,7 +303,7 @@ def _write_gguf(writer: gguf.GGUFWriter) -> None:
     writer.close()
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3", "gemma3"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "gemma3"])
 def test_gguf_matches_transformers(family: str, tmp_path: Path) -> None:
     ref = _tiny_model(family)
     path = tmp_path / f"{family}.gguf"

@@ -48,6 +48,9 @@ def _tiny(family: str) -> tuple[transformers.PreTrainedConfig, type]:
         }
         cfg = transformers.LlamaConfig(**common, rope_parameters=rope, tie_word_embeddings=False)
         return cfg, transformers.LlamaForCausalLM
+    if family == "qwen2":
+        cfg = transformers.Qwen2Config(**common, rope_theta=1e6, tie_word_embeddings=False)
+        return cfg, transformers.Qwen2ForCausalLM
     if family == "qwen3":
         cfg = transformers.Qwen3Config(**common, head_dim=32, tie_word_embeddings=True)
         return cfg, transformers.Qwen3ForCausalLM
@@ -63,14 +66,14 @@ def _tiny(family: str) -> tuple[transformers.PreTrainedConfig, type]:
 
 
 def _perturb_norms(model: torch.nn.Module) -> None:
-    # Random init leaves norm weights at 1 (or 0 for Gemma): make them matter.
+    # Random init leaves norm weights at 1 (or 0 for Gemma) and biases at 0: make them matter.
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if "norm" in name:
+            if "norm" in name or name.endswith(".bias"):
                 p.add_(torch.randn_like(p) * 0.2)
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen3", "gemma3"])
+@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3", "gemma3"])
 def pair(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
     """(transformers model, our model loaded from its safetensors checkpoint)."""
     torch.manual_seed(0)
