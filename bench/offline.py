@@ -22,7 +22,7 @@ import torch
 
 import infer  # noqa: F401  (sets OMP_WAIT_POLICY before torch threads start)
 from infer.bench.workloads import BenchRequest, PromptSource, mixed_requests
-from infer.engine.config import DTYPES, EngineConfig
+from infer.engine.config import DTYPES, WEIGHT_MODES, EngineConfig
 from infer.engine.engine import Engine
 from infer.engine.generate import generate
 from infer.engine.sampling import SamplingParams
@@ -112,9 +112,9 @@ def _run_engine(loaded: LoadedModel, reqs: tuple[BenchRequest, ...], mode: str) 
     return time.perf_counter() - start
 
 
-def bench_steps(context: int, steps: int) -> None:
+def bench_steps(context: int, steps: int, model: str, weights: str) -> None:
     """Mean time of one decode step at batch 1, 16 and 64, every sequence at ``context``."""
-    loaded = load_model("default", torch.bfloat16)
+    loaded = load_model(model, torch.bfloat16, weights=weights)
     print(f"| batch | decode step ms (context {context}) | tok/s |\n|---|---|---|")
     for batch in (1, 16, 64):
         config = EngineConfig(
@@ -145,13 +145,15 @@ def main() -> None:
     p.add_argument("--context", type=int, default=512)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--model", default="default", help="steps: the model to load")
+    p.add_argument("--weights", default="auto", choices=WEIGHT_MODES, help="steps: as serve's")
     args = p.parse_args()
     if args.what == "generate":
         bench_generate(args.new_tokens, args.prompt_len)
     elif args.what == "engine":
         bench_engine(args.seed)
     else:
-        bench_steps(args.context, args.steps)
+        bench_steps(args.context, args.steps, args.model, args.weights)
 
 
 if __name__ == "__main__":

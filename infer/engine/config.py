@@ -9,6 +9,9 @@ import torch
 # The dtypes a model may run in, by the name every flag and variable uses.
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 BATCHING_MODES = ("static", "continuous")
+# How linear weights are held: as the checkpoint has them (a GGUF file's quantization, a
+# safetensors file's dtype), dense in ``dtype``, or quantized at load to 8 or 4 bits.
+WEIGHT_MODES = ("auto", "bf16", "int8", "int4")
 DEFAULT_KV_CACHE_GB = 0.75  # today's 16 rows x 2048 tokens of the default model, in bf16
 
 
@@ -21,6 +24,10 @@ class EngineConfig:
             (the embedded SmolLM2-135M-Instruct).
         dtype: Weight and activation dtype: ``bfloat16`` (default on CPU), ``float16``
             or ``float32``.
+        weights: Linear weights ``auto`` (a GGUF file's quantization kept, a safetensors
+            model's dtype), ``bf16`` (dequantized to ``dtype``), or ``int8``/``int4``
+            (quantized at load in groups of 32). Quantized weights need AVX512-VNNI; elsewhere
+            they are dequantized.
         device: Torch device string.
         max_seq_len: Longest prompt + completion a request may have.
         max_batch_size: Most requests that run together in one forward.
@@ -44,6 +51,7 @@ class EngineConfig:
 
     model: str = "default"
     dtype: str = field(default="bfloat16", metadata={"choices": tuple(DTYPES)})
+    weights: str = field(default="auto", metadata={"choices": WEIGHT_MODES})
     device: str = "cpu"
     max_seq_len: int = 2048
     max_batch_size: int = 64
@@ -60,6 +68,8 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {tuple(DTYPES)}, got {self.dtype!r}")
+        if self.weights not in WEIGHT_MODES:
+            raise ValueError(f"weights must be one of {WEIGHT_MODES}, got {self.weights!r}")
         if self.batching_mode not in BATCHING_MODES:
             raise ValueError(
                 f"batching_mode must be one of {BATCHING_MODES}, got {self.batching_mode!r}"

@@ -83,7 +83,7 @@ class Engine:
         """
         from infer.models.loader import load_model
 
-        loaded = load_model(config.model, DTYPES[config.dtype], config.device)
+        loaded = load_model(config.model, DTYPES[config.dtype], config.device, config.weights)
         return cls(config, loaded.model, loaded.tokenizer, loaded.eos_token_ids, loaded.name)
 
     @classmethod

@@ -22,6 +22,7 @@ SOURCES = (
     "paged_attention.cpp",
     "layer_ops.cpp",
     "linear.cpp",
+    "quant_linear.cpp",
     "prefill_attention.cpp",
     "sampling.cpp",
     "decode_stack.cpp",
@@ -56,6 +57,12 @@ def build_dir() -> Path:
 def has_bf16() -> bool:
     """Whether this build has the AVX512-BF16 kernels (asked once: the layers ask every step)."""
     return bool(ops().has_bf16_linear())
+
+
+@cache
+def has_quant() -> bool:
+    """Whether this build has the AVX512-VNNI quantized linears."""
+    return bool(ops().has_quant_linear())
 
 
 @cache

@@ -43,6 +43,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "rows of gate and up taken 32 at a time in turn (SiLU, or tanh-GELU when gelu)",
         py::arg("x"), py::arg("packed"), py::arg("width"), py::arg("bias") = py::none(),
         py::arg("gelu") = false, NoGil());
+  m.def("has_quant_linear", &has_quant_linear,
+        "whether this build has the AVX512-VNNI quantized linear", NoGil());
+  m.def("quant_linear", &quant_linear,
+        "x @ W.T + bias with a weight packed by infer.models.quant (x quantized per group)",
+        py::arg("x"), py::arg("weight"), py::arg("bias") = py::none(),
+        py::arg("out_float") = false, NoGil());
+  m.def("quant_gated_linear", &quant_gated_linear,
+        "act(x @ Wg.T + bg) * (x @ Wu.T + bu) with a quantized weight whose rows are gate and "
+        "up 16 at a time in turn",
+        py::arg("x"), py::arg("weight"), py::arg("bias") = py::none(), py::arg("gelu") = false,
+        NoGil());
   m.def("decode_layers", &decode_layers,
         "A decode step (one token per sequence) through every layer of the stack with the "
         "kernels above, in the order the Python layers call them: (x, residual)",

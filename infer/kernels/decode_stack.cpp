@@ -12,7 +12,7 @@ namespace {
 
 // Per layer, in this order (an empty tensor where a layer has none):
 //   0 input norm (adds the previous layer's output to the residual first),
-//   1, 2 qkv packed and bias, 3, 4 o packed and bias,
+//   1, 2 qkv packed (bf16, or quantized: uint8) and bias, 3, 4 o packed and bias,
 //   5 post-attention norm of the attention output (Gemma3),
 //   6 pre-MLP norm (adds the attention output to the residual first),
 //   7, 8 gate/up packed and bias, 9, 10 down packed and bias,
@@ -22,6 +22,19 @@ constexpr int64_t kPerLayer = 14;
 
 c10::optional<at::Tensor> maybe(const at::Tensor& t) {
   return t.numel() ? c10::optional<at::Tensor>(t) : c10::nullopt;
+}
+
+// A linear whose weight is bf16 packed (pack_bf16_linear) or quantized (uint8, quant.pack).
+at::Tensor linear(const at::Tensor& x, const at::Tensor& w, int64_t out_features,
+                  const c10::optional<at::Tensor>& bias) {
+  if (w.scalar_type() == at::kByte) return quant_linear(x, w, bias, false);
+  return bf16_linear(x, w, out_features, bias, false);
+}
+
+at::Tensor gated_linear(const at::Tensor& x, const at::Tensor& w, int64_t width,
+                        const c10::optional<at::Tensor>& bias, bool gelu) {
+  if (w.scalar_type() == at::kByte) return quant_gated_linear(x, w, bias, gelu);
+  return bf16_gated_linear(x, w, width, bias, gelu);
 }
 
 // The per-head norm of a strided view of the qkv rows, as RMSNorm.forward does it.
@@ -58,7 +71,7 @@ std::vector<at::Tensor> decode_layers(at::Tensor x, const std::vector<at::Tensor
       add_rms_norm(x, residual, w[0], eps, off);
       h = x;
     }
-    at::Tensor qkv = bf16_linear(h, w[1], heads * head_dim, maybe(w[2]), false);
+    at::Tensor qkv = linear(h, w[1], heads * head_dim, maybe(w[2]));
     at::Tensor view = qkv.view({n, heads, head_dim});
     if (w[12].numel()) {
       norm_heads(view.slice(1, 0, num_heads), w[12], eps, off);
@@ -69,12 +82,11 @@ std::vector<at::Tensor> decode_layers(at::Tensor x, const std::vector<at::Tensor
                    v_cache, slots);
     at::Tensor attn = paged_decode_attention(view.slice(1, 0, num_heads), k_cache, v_cache,
                                              block_tables, seq_lens, scale, windows[l]);
-    at::Tensor o =
-        bf16_linear(attn.view({n, num_heads * head_dim}), w[3], hidden, maybe(w[4]), false);
+    at::Tensor o = linear(attn.view({n, num_heads * head_dim}), w[3], hidden, maybe(w[4]));
     if (w[5].numel()) o = rms_norm(o, w[5], eps, off);
     add_rms_norm(o, residual, w[6], eps, off);
-    at::Tensor gated = bf16_gated_linear(o, w[7], intermediate, maybe(w[8]), gelu);
-    x = bf16_linear(gated, w[9], hidden, maybe(w[10]), false);
+    at::Tensor gated = gated_linear(o, w[7], intermediate, maybe(w[8]), gelu);
+    x = linear(gated, w[9], hidden, maybe(w[10]));
     if (w[11].numel()) x = rms_norm(x, w[11], eps, off);
   }
   return {x, residual};

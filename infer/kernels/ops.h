@@ -35,6 +35,15 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed, int64_t ou
 at::Tensor bf16_gated_linear(const at::Tensor& x, const at::Tensor& packed, int64_t width,
                              const c10::optional<at::Tensor>& bias, bool gelu);
 
+// Linears over weights packed by infer.models.quant (AVX512-VNNI; see quant_linear.cpp).
+bool has_quant_linear();
+
+at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& weight,
+                        const c10::optional<at::Tensor>& bias, bool out_float);
+
+at::Tensor quant_gated_linear(const at::Tensor& x, const at::Tensor& weight,
+                              const c10::optional<at::Tensor>& bias, bool gelu);
+
 void paged_prefill_attention(const at::Tensor& q, const at::Tensor& k_cache,
                              const at::Tensor& v_cache, const at::Tensor& tables,
                              const at::Tensor& spans, double scale, int64_t window,

@@ -14,7 +14,8 @@ from infer.models.config import ModelConfig
 from infer.models.context import AttnCapture, ForwardContext, PagedContext, build_mask
 from infer.models.decode_stack import DecodeStack
 from infer.models.layers import GatedMLP, RMSNorm, rope_angles, rope_cos_sin, rope_inv_freq
-from infer.models.linear import Bf16Linear, pack_linear, pack_linears
+from infer.models.linear import Bf16Linear, QuantLinear, pack_linear, pack_linears
+from infer.models.quant import QuantTensor
 
 
 @dataclass
@@ -46,6 +47,7 @@ class CausalLM(nn.Module, ABC):
     norm_offset: float = 0.0  # Gemma stores norm weights as (w - 1)
     embed_scale: bool = False  # Gemma multiplies embeddings by sqrt(hidden)
     decode_stack: DecodeStack | None = None  # decode steps in one kernel call, once packed
+    quant_head: QuantTensor | None = None  # a tied head's quantized embedding, until packed
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -85,7 +87,12 @@ class CausalLM(nn.Module, ABC):
         pack_linears(self)
         self.decode_stack = DecodeStack.of(list(self.model.layers), self.config)
         if self.config.tie_word_embeddings:
-            head = pack_linear(self.lm_weight(), None)
+            if self.quant_head is not None:
+                head: nn.Module | None = QuantLinear([self.quant_head], dtype=self.dtype)
+                head.pack()  # type: ignore[operator]
+                self.quant_head = None
+            else:
+                head = pack_linear(self.lm_weight(), None)
             if head is not None:
                 self.packed_head = head
 
@@ -93,7 +100,7 @@ class CausalLM(nn.Module, ABC):
         """Float32 next-token logits of final hidden states."""
         tied = self.config.tie_word_embeddings
         head = getattr(self, "packed_head", None) if tied else self.lm_head
-        if isinstance(head, Bf16Linear):
+        if isinstance(head, Bf16Linear | QuantLinear):
             logits = head(hidden, out_float=True)  # float32 straight from the accumulators
         elif head is not None:
             logits = head(hidden)

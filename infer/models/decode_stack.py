@@ -11,7 +11,7 @@ from infer import kernels
 from infer.models.config import ModelConfig
 from infer.models.context import ForwardContext, PagedContext
 from infer.models.layers import Attention, RMSNorm
-from infer.models.linear import Bf16GatedLinear, Bf16Linear
+from infer.models.linear import Bf16GatedLinear, Bf16Linear, QuantGatedLinear, QuantLinear
 
 
 class DecodeStack:
@@ -21,8 +21,9 @@ class DecodeStack:
     bits; what it saves is the ~8 Python calls per layer. Each of those releases the GIL for
     its kernel and must retake it afterwards, and in a server the event loop holds the GIL
     while it writes tokens. Built by :meth:`of` for stacks of :class:`DecoderLayer` (Llama,
-    Qwen3) or Gemma3's layer whose linears all run the bf16 kernel; other models, and steps
-    with prompt chunks or attention capture, run the layers one by one.
+    Qwen2, Qwen3) or Gemma3's layer whose linears each run one call of the bf16 or the
+    quantized kernel; other models, and steps with prompt chunks or attention capture, run
+    the layers one by one.
     """
 
     _NONE = torch.empty(0)  # a weight, bias or norm the layer does not have
@@ -44,15 +45,15 @@ class DecodeStack:
             a = layer.self_attn
             self.weights += [
                 pre_attn.weight,
-                qkv.packed,
+                _weight(qkv),
                 self._opt(qkv.bias),
-                o.packed,
+                _weight(o),
                 self._opt(o.bias),
                 self._norm(post_attn),
                 pre_mlp.weight,
-                gate_up.packed,
+                _weight(gate_up),
                 self._opt(gate_up.bias),
-                down.packed,
+                _weight(down),
                 self._opt(down.bias),
                 self._norm(post_mlp),
                 self._norm(a.q_norm),
@@ -136,16 +137,29 @@ class DecodeStack:
         return x, residual
 
 
-def _packed(layer: Any) -> tuple[Bf16Linear, Bf16Linear, Bf16GatedLinear, Bf16Linear] | None:
-    """A layer's qkv, o, gate/up and down projections, if all run the bf16 kernel."""
+Linear = Bf16Linear | QuantLinear
+GatedLinear = Bf16GatedLinear | QuantGatedLinear
+
+
+def _packed(layer: Any) -> tuple[Linear, Linear, GatedLinear, Linear] | None:
+    """A layer's qkv, o, gate/up and down projections, if each runs one call of the bf16 or
+    the quantized kernel."""
     a, mlp = layer.self_attn, layer.mlp
     qkv, o = getattr(a, "qkv_proj", None), a.o_proj
     gate_up, down = getattr(mlp, "gate_up_proj", None), mlp.down_proj
-    if (
-        isinstance(qkv, Bf16Linear)
-        and isinstance(o, Bf16Linear)
-        and isinstance(gate_up, Bf16GatedLinear)
-        and isinstance(down, Bf16Linear)
-    ):
+
+    def single(lin: Any) -> bool:
+        return isinstance(lin, Bf16Linear) or (
+            isinstance(lin, QuantLinear) and len(lin.packed) == 1
+        )
+
+    if single(qkv) and single(o) and isinstance(gate_up, GatedLinear) and single(down):
         return qkv, o, gate_up, down
     return None
+
+
+def _weight(linear: Linear | GatedLinear) -> Tensor:
+    """The one packed tensor the kernel reads (bf16, or uint8 when quantized)."""
+    if isinstance(linear, QuantLinear):
+        return linear.packed[0]
+    return linear.packed

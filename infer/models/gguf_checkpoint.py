@@ -17,7 +17,9 @@ from gguf import GGUFReader, ReaderTensor
 from gguf.quants import dequantize
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from infer.models import quant
 from infer.models.errors import LoadError, eos_token_ids, one_line
+from infer.models.quant import QuantTensor
 
 # GGUF architecture -> Hugging Face architecture.
 GGUF_ARCHITECTURES = {
@@ -109,10 +111,15 @@ class GGUFCheckpoint:
         """Hugging Face name and shape of every tensor, in file order, without reading them."""
         return [(self.hf_name(t.name), _torch_shape(t)) for t in self.reader.tensors]
 
-    def weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Yield ``(hf_name, float32 tensor)`` one at a time, dequantized and un-permuted."""
+    def weights(self, quantized: bool = False) -> Iterator[tuple[str, torch.Tensor | QuantTensor]]:
+        """Yield ``(hf_name, tensor)`` one at a time, un-permuted: float32, or with
+        ``quantized`` a :class:`QuantTensor` for every 2-D tensor of a type it holds."""
         for t in self.reader.tensors:
-            yield self.hf_name(t.name), self._tensor(t)
+            kept = quant.from_gguf(t.tensor_type, t.data, _torch_shape(t)) if quantized else None  # type: ignore[arg-type]
+            if kept is not None:
+                yield self.hf_name(t.name), self._unpermuted(t, kept)
+            else:
+                yield self.hf_name(t.name), self._tensor(t)
 
     def hf_name(self, gguf_name: str) -> str:
         """The Hugging Face name of a GGUF tensor; unknown names pass through unchanged."""
@@ -126,6 +133,15 @@ class GGUFCheckpoint:
         if len(parts) == 3 and parts[0] == "blk" and parts[2] in layer_names:
             return f"model.layers.{parts[1]}.{layer_names[parts[2]]}.{suffix}"
         return gguf_name
+
+    def _unpermuted(self, t: ReaderTensor, w: QuantTensor) -> QuantTensor:
+        if self.arch == "llama" and t.name.endswith(".attn_q.weight"):
+            heads = self.config["num_attention_heads"]
+        elif self.arch == "llama" and t.name.endswith(".attn_k.weight"):
+            heads = self.config["num_key_value_heads"]
+        else:
+            return w
+        return quant.rows(w, _unpermute_rope_rows(torch.arange(w.shape[0]), heads))
 
     def _tensor(self, t: ReaderTensor) -> torch.Tensor:
         w = torch.from_numpy(np.array(dequantize(t.data, t.tensor_type), dtype=np.float32))

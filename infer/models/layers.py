@@ -17,7 +17,13 @@ from infer import kernels
 from infer.models.config import ModelConfig, RopeConfig
 from infer.models.context import AttnCapture, ForwardContext, PagedContext, PrefillSpan
 from infer.models.kv_cache import keys_of, values_of
-from infer.models.linear import Bf16GatedLinear, bf16_kernels, concat_linear
+from infer.models.linear import (
+    Bf16GatedLinear,
+    QuantGatedLinear,
+    QuantLinear,
+    bf16_kernels,
+    concat_linear,
+)
 
 
 class RMSNorm(nn.Module):
@@ -358,8 +364,13 @@ class GatedMLP(nn.Module):
         del self.gate_proj, self.up_proj
 
     def pack_gated(self) -> None:
-        """Let one bf16 kernel call project and gate (:class:`Bf16GatedLinear`) when it can."""
+        """Let one kernel call project and gate (:class:`Bf16GatedLinear`,
+        :class:`QuantGatedLinear`) when it can."""
         proj = self.gate_up_proj
+        if isinstance(proj, QuantLinear):
+            if len(proj.parts) == 1 and proj.out_features % 32 == 0:
+                self.gate_up_proj = QuantGatedLinear(proj, self.gelu)
+            return
         if (
             isinstance(proj, nn.Linear)
             and bf16_kernels(proj.weight)
@@ -369,7 +380,7 @@ class GatedMLP(nn.Module):
             self.gate_up_proj = Bf16GatedLinear(proj, self.gelu)
 
     def forward(self, x: Tensor) -> Tensor:
-        if isinstance(self.gate_up_proj, Bf16GatedLinear):
+        if isinstance(self.gate_up_proj, Bf16GatedLinear | QuantGatedLinear):
             return self.down_proj(self.gate_up_proj(x))
         gate_up = self.gate_up_proj(x)
         if gate_up.device.type == "cpu":

@@ -1,7 +1,9 @@
 """Frozen linear layers in the fastest form this machine runs: packed once, at load time.
 
 On a CPU with AVX512-BF16, bf16 weights go through our kernel (``infer/kernels/linear.cpp``);
-elsewhere oneDNN holds them pre-packed; otherwise they stay ``nn.Linear``.
+elsewhere oneDNN holds them pre-packed; otherwise they stay ``nn.Linear``. Quantized weights
+(a GGUF file's, or ``--weights int8/int4``) stay quantized in :class:`QuantLinear` on a CPU with
+AVX512-VNNI (``infer/kernels/quant_linear.cpp``), and are dequantized at load elsewhere.
 """
 
 from __future__ import annotations
@@ -10,14 +12,95 @@ import torch
 from torch import Tensor, nn
 
 from infer import kernels
+from infer.models import quant
+from infer.models.quant import QuantTensor
 
 
-def concat_linear(*parts: nn.Linear) -> nn.Linear:
+def quant_kernels() -> bool:
+    """Whether this machine runs quantized linears (AVX512-VNNI)."""
+    return kernels.has_quant()
+
+
+class QuantLinear(nn.Module):
+    """A frozen linear over quantized weights, read as they are by ``quant_linear.cpp``.
+
+    Built from one :class:`QuantTensor`; q/k/v (or gate/up) concatenate into one when their
+    layouts agree, and otherwise stay parts whose outputs are concatenated. :meth:`pack`
+    writes each part in the kernel's layout and drops the unpacked arrays.
+    """
+
+    def __init__(
+        self, parts: list[QuantTensor], bias: Tensor | None = None, dtype: torch.dtype = torch.bfloat16
+    ) -> None:
+        super().__init__()
+        self.parts = parts
+        self.dtype = dtype  # the model's: what a dequantized copy of it would be
+        self.in_features = parts[0].shape[1]
+        self.out_features = sum(p.shape[0] for p in parts)
+        self.register_parameter("bias", None if bias is None else nn.Parameter(bias, False))
+        self.packed: list[Tensor] = []
+
+    @classmethod
+    def concat(cls, linears: list[QuantLinear]) -> QuantLinear:
+        parts = [p for lin in linears for p in lin.parts]
+        merged = quant.concat(parts)
+        biases = [lin.bias for lin in linears]
+        bias = None
+        if any(b is not None for b in biases):
+            bias = torch.cat(
+                [
+                    b.detach().float() if b is not None else torch.zeros(lin.out_features)
+                    for b, lin in zip(biases, linears, strict=True)
+                ]
+            )
+        return cls([merged] if merged is not None else parts, bias, linears[0].dtype)
+
+    def pack(self) -> None:
+        if not self.packed:
+            self.packed = [quant.pack(p) for p in self.parts]
+            self.parts = []
+            if self.bias is not None:
+                self.bias = nn.Parameter(self.bias.detach().float(), requires_grad=False)
+
+    def forward(self, x: Tensor, out_float: bool = False) -> Tensor:
+        """``x @ W.T + b``; ``out_float`` returns float32 without rounding to bf16."""
+        ops = kernels.ops()
+        if len(self.packed) == 1:
+            out = ops.quant_linear(x, self.packed[0], self.bias, out_float)
+        else:
+            out = torch.cat([ops.quant_linear(x, p, None, out_float) for p in self.packed], -1)
+            if self.bias is not None:
+                out = out + self.bias.to(out.dtype)
+        return out if out_float else out.to(x.dtype)
+
+
+class QuantGatedLinear(nn.Module):
+    """``act(gate(x)) * up(x)`` of a quantized gate/up projection in one kernel call: rows are
+    packed 16 gate then the matching 16 up at a time (see :class:`Bf16GatedLinear`)."""
+
+    def __init__(self, gate_up: QuantLinear, gelu: bool) -> None:
+        super().__init__()
+        (weight,) = gate_up.parts
+        self.width, self.gelu = gate_up.out_features // 2, gelu
+        self.in_features = gate_up.in_features
+        order = torch.arange(2 * self.width).view(2, -1, 16).transpose(0, 1).reshape(-1)
+        self.packed = quant.pack(quant.rows(weight, order))
+        self.bias = None if gate_up.bias is None else gate_up.bias.detach()[order].float()
+
+    def forward(self, x: Tensor) -> Tensor:
+        return kernels.ops().quant_gated_linear(x, self.packed, self.bias, self.gelu).to(x.dtype)
+
+
+def concat_linear(*parts: nn.Module) -> nn.Module:
     """One Linear whose output is the concatenation of ``parts``' outputs."""
+    if all(isinstance(p, QuantLinear) for p in parts):
+        return QuantLinear.concat(list(parts))  # type: ignore[arg-type]
+    parts = tuple(_dense(p) for p in parts)
     first = parts[0]
     out_features = sum(p.out_features for p in parts)
     bias = first.bias is not None
     fused = nn.Linear(first.in_features, out_features, bias=bias, device="meta")
+    assert isinstance(first, nn.Linear)
     weight = torch.cat([p.weight for p in parts])
     fused.weight = nn.Parameter(weight, requires_grad=False)
     if bias:
@@ -109,6 +192,19 @@ class Bf16GatedLinear(nn.Module):
         return kernels.ops().bf16_gated_linear(x, self.packed, self.width, self.bias, self.gelu)
 
 
+def _dense(linear: nn.Module) -> nn.Linear:
+    """An ``nn.Linear`` of a part that may be quantized (fusing it with a dense one)."""
+    if isinstance(linear, nn.Linear):
+        return linear
+    assert isinstance(linear, QuantLinear) and linear.parts, "fuse before packing"
+    weight = torch.cat([p.dequantize(linear.dtype) for p in linear.parts])
+    dense = nn.Linear(linear.in_features, linear.out_features, bias=linear.bias is not None)
+    dense.weight = nn.Parameter(weight, requires_grad=False)
+    if linear.bias is not None:
+        dense.bias = nn.Parameter(linear.bias.detach().to(linear.dtype), requires_grad=False)
+    return dense
+
+
 def pack_linear(weight: Tensor, bias: Tensor | None) -> nn.Module | None:
     """The fastest frozen form of a linear layer on this machine, or ``None`` (keep it)."""
     if bf16_kernels(weight) and weight.shape[1] % 2 == 0:
@@ -121,6 +217,9 @@ def pack_linear(weight: Tensor, bias: Tensor | None) -> nn.Module | None:
 def pack_linears(module: nn.Module) -> None:
     """Replace every CPU bf16/fp32 ``nn.Linear`` below ``module`` with a frozen, packed one."""
     for name, child in list(module.named_children()):
+        if isinstance(child, QuantLinear):
+            child.pack()
+            continue
         packed = pack_linear(child.weight, child.bias) if isinstance(child, nn.Linear) else None
         if packed is not None:
             setattr(module, name, packed)

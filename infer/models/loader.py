@@ -29,6 +29,7 @@ from infer.models.config import CONFIG_NAME, GENERATION_CONFIG_NAME, WEIGHTS_NAM
 from infer.models.default import DEFAULT_MODEL_NAME, ensure_default_model
 from infer.models.errors import LoadError, eos_token_ids, one_line
 from infer.models.gguf_checkpoint import GGUFCheckpoint
+from infer.models.quant import QuantTensor, quantize
 from infer.models.registry import create_model
 
 DEFAULT_SOURCE = "default"
@@ -63,7 +64,7 @@ class LoadedModel:
 
 
 def load_model(
-    source: str, dtype: torch.dtype = torch.bfloat16, device: str = "cpu"
+    source: str, dtype: torch.dtype = torch.bfloat16, device: str = "cpu", weights: str = "auto"
 ) -> LoadedModel:
     """Load a model and its tokenizer.
 
@@ -73,26 +74,33 @@ def load_model(
             hub id ``org/name`` (downloaded when the hub is reachable).
         dtype: Dtype of the weights and activations.
         device: Torch device string.
+        weights: ``auto`` keeps a GGUF file's quantization (and a safetensors model's
+            dtype); ``bf16`` dequantizes; ``int8``/``int4`` quantize every linear at load.
 
     Raises:
         LoadError: The source is missing, corrupt, unsupported or cannot be downloaded.
     """
     if source == DEFAULT_SOURCE:
-        return load_hf_dir(ensure_default_model(), dtype, device, name=DEFAULT_MODEL_NAME)
+        directory = ensure_default_model()
+        return load_hf_dir(directory, dtype, device, weights, name=DEFAULT_MODEL_NAME)
     path = Path(source).expanduser()
     if path.is_dir():
-        return load_hf_dir(path, dtype, device)
+        return load_hf_dir(path, dtype, device, weights)
     if path.is_file():
         if path.suffix.lower() == ".gguf":
-            return load_gguf(path, dtype, device)
+            return load_gguf(path, dtype, device, weights)
         raise LoadError(f"{source} is neither a model directory nor a .gguf file")
     if _HUB_ID.fullmatch(source) and not source.lower().endswith(".gguf"):
-        return load_hf_dir(download_from_hub(source), dtype, device, name=source)
+        return load_hf_dir(download_from_hub(source), dtype, device, weights, name=source)
     raise LoadError(f"model path does not exist: {source}")
 
 
 def load_hf_dir(
-    path: Path, dtype: torch.dtype, device: str, name: str | None = None
+    path: Path,
+    dtype: torch.dtype,
+    device: str,
+    weights: str = "auto",
+    name: str | None = None,
 ) -> LoadedModel:
     """Load a Hugging Face model directory (config.json + safetensors + tokenizer files)."""
     config_path = path / CONFIG_NAME
@@ -102,7 +110,8 @@ def load_hf_dir(
     config = _model_config(config_dict, path)
     files = _safetensors_files(path)
     tokenizer = _load_tokenizer(path)
-    model = _create(config, _safetensors_weights(files), dtype, device, path)
+    tensors = _quantized(_safetensors_weights(files), weights)
+    model = _create(config, tensors, dtype, device, path)
     generation_path = path / GENERATION_CONFIG_NAME
     generation = _read_json(generation_path) if generation_path.is_file() else {}
     eos = eos_token_ids(
@@ -118,12 +127,14 @@ def load_hf_dir(
     )
 
 
-def load_gguf(path: Path, dtype: torch.dtype, device: str) -> LoadedModel:
-    """Load a ``.gguf`` file: dequantized weights, config and tokenizer from its metadata."""
+def load_gguf(path: Path, dtype: torch.dtype, device: str, weights: str = "auto") -> LoadedModel:
+    """Load a ``.gguf`` file: weights (kept quantized with ``auto``), config and tokenizer
+    from its metadata."""
     checkpoint = GGUFCheckpoint(path)
     config = _model_config(checkpoint.config, path)
     tokenizer = checkpoint.tokenizer()
-    model = _create(config, checkpoint.weights(), dtype, device, path)
+    tensors = _quantized(checkpoint.weights(quantized=weights == "auto"), weights)
+    model = _create(config, tensors, dtype, device, path)
     eos = eos_token_ids(checkpoint.generation_config["eos_token_id"], tokenizer.eos_token_id)
     return LoadedModel(
         model, tokenizer, config, path.name, eos, tokenizer.chat_template is not None
@@ -159,9 +170,29 @@ def _model_config(config: dict[str, Any], where: Path) -> ModelConfig:
         raise LoadError(f"{where}: {e}") from e
 
 
+def _quantized(
+    weights: Iterable[tuple[str, torch.Tensor | QuantTensor]], mode: str
+) -> Iterator[tuple[str, torch.Tensor | QuantTensor]]:
+    """``weights`` with every linear weight quantized for ``int8``/``int4`` (as they are
+    otherwise): 2-D ``*_proj.weight`` and ``lm_head.weight`` tensors the kernel can hold."""
+    bits = {"int8": 8, "int4": 4}.get(mode)
+    for name, tensor in weights:
+        if (
+            bits is not None
+            and isinstance(tensor, torch.Tensor)
+            and tensor.dim() == 2
+            and name.endswith(("_proj.weight", "lm_head.weight"))
+            and tensor.shape[0] % 16 == 0
+            and tensor.shape[1] % 32 == 0
+        ):
+            yield name, quantize(tensor, bits)
+        else:
+            yield name, tensor
+
+
 def _create(
     config: ModelConfig,
-    weights: Iterable[tuple[str, torch.Tensor]],
+    weights: Iterable[tuple[str, torch.Tensor | QuantTensor]],
     dtype: torch.dtype,
     device: str,
     where: Path,

@@ -11,8 +11,10 @@ from infer.models.base import CausalLM
 from infer.models.config import ModelConfig
 from infer.models.gemma3 import Gemma3ForCausalLM
 from infer.models.layers import Attention, GatedMLP
+from infer.models.linear import QuantLinear, quant_kernels
 from infer.models.llama import LlamaForCausalLM
 from infer.models.qwen2 import Qwen2ForCausalLM
+from infer.models.quant import QuantTensor
 from infer.models.qwen3 import Qwen3ForCausalLM
 
 MODEL_CLASSES: dict[str, type[CausalLM]] = {
@@ -42,15 +44,18 @@ def model_class(architecture: str) -> type[CausalLM]:
 
 def create_model(
     config: ModelConfig,
-    weights: Iterable[tuple[str, torch.Tensor]],
+    weights: Iterable[tuple[str, torch.Tensor | QuantTensor]],
     dtype: torch.dtype = torch.bfloat16,
     device: str | torch.device = "cpu",
 ) -> CausalLM:
     """Build a model without allocating it, then assign checkpoint tensors one at a time.
 
     Each tensor is converted to ``dtype`` as it arrives, so at no point are there two full
-    copies of the weights in memory. Then q/k/v and gate/up are fused into single
-    projections, one layer at a time, and every linear weight is pre-packed for oneDNN.
+    copies of the weights in memory. A :class:`QuantTensor` stays quantized where it is a
+    linear's weight (its module becomes a :class:`QuantLinear`) and the CPU runs the quantized
+    kernel; anywhere else it is dequantized (the embedding lookup, which keeps its quantized
+    form for a tied head). Then q/k/v and gate/up are fused into single projections, one layer
+    at a time, and every linear weight is packed.
 
     Raises:
         ValueError: A weight is missing, unexpected, or has the wrong shape.
@@ -73,8 +78,18 @@ def create_model(
                 f"expected {tuple(params[name].shape)}"
             )
         module_name, _, attr = name.rpartition(".")
+        module = model.get_submodule(module_name)
+        if isinstance(tensor, QuantTensor):
+            keep = quant_kernels() and str(device) == "cpu"
+            if keep and isinstance(module, nn.Linear | QuantLinear) and attr == "weight":
+                _set_quantized(model, module_name, module, tensor, dtype)
+                seen.add(name)
+                continue
+            if keep and name == "model.embed_tokens.weight" and config.tie_word_embeddings:
+                model.quant_head = tensor  # the tied head reads it quantized
+            tensor = tensor.dequantize()
         value = nn.Parameter(tensor.to(device=device, dtype=dtype), requires_grad=False)
-        setattr(model.get_submodule(module_name), attr, value)
+        setattr(module, attr, value)
         seen.add(name)
     missing = sorted(set(params) - seen)
     if missing:
@@ -88,6 +103,20 @@ def create_model(
             module.fuse()
     model.pack()
     return model.eval()
+
+
+def _set_quantized(
+    model: nn.Module, name: str, module: nn.Module, weight: QuantTensor, dtype: torch.dtype
+) -> None:
+    """Make ``name`` a :class:`QuantLinear` of ``weight``, keeping a bias already loaded."""
+    bias = module.bias
+    if bias is not None and bias.device.type == "meta":
+        bias = None  # not loaded yet: it arrives later and is set on the new module
+    quantized = QuantLinear([weight], None if bias is None else bias.detach(), dtype)
+    if module.bias is not None and bias is None:
+        quantized.bias = nn.Parameter(torch.empty_like(module.bias, device="meta"), False)
+    parent, _, attr = name.rpartition(".")
+    setattr(model.get_submodule(parent), attr, quantized)
 
 
 def _canonical(name: str) -> str:

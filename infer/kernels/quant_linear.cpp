@@ -1,0 +1,345 @@
+// Linear layers over quantized weights, read as they are: AVX512-VNNI integer dot products.
+//
+// A weight is one uint8 tensor (packed by infer/models/quant.py): a 64-byte header, then
+//   q    per 16 output columns, every k: unsigned 8-bit values [K/4][16][4] (four k's of a
+//        column in one 32-bit lane, VPDPBUSD's operand), or 4-bit values [K/8][16][4] whose
+//        low nibbles are k 0-3 and high nibbles k 4-7 of each eight;
+//   sc   per 16 columns and group of G k's (16 or 32): int8 scale s and int8 offset o [2][16];
+//   sup  per 16 columns and superblock of S groups: fp16 D and M [2][16].
+// The weight is w = D*s*u - M*o: Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 (S = 1, s = o = 1), Q4_K/Q5_K (S =
+// 8, 6-bit s and o) and Q6_K (G = 16, S = 16, o = 32 * s... as M = 32 * D, o = s) are all this
+// formula with the file's own numbers, computed exactly in float.
+//
+// Each row of x is quantized per group like llama.cpp's Q8 activations: a = d_a * q_a with
+// int8 q_a, d_a = max|x| / 127. Then per row, column and group
+//   sum_k w x = D*s * d_a * sum(u q_a) - M*o * d_a * sum(q_a),
+// where sum(u q_a) is exact in int32 (VPDPBUSD: four u8 x s8 products per lane) and the rest
+// is two float FMAs per 16 columns per group. A tile of R rows x 32 columns keeps its int and
+// float accumulators in registers across K, so each weight load feeds R rows. Every row is
+// computed the same way whatever else is in the call: results do not depend on the batch.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "ops.h"
+#include "vec.h"
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512F__)
+#include <immintrin.h>
+
+namespace {
+
+constexpr int64_t kMagic = 0x31544E4951;  // "QINT1"
+constexpr int64_t kLanes = 16;
+constexpr int64_t kCols = 2;       // 16-column blocks per tile
+constexpr int64_t kRows = 4;       // rows per tile
+constexpr int64_t kRowBlock = 64;  // rows per pass over the weights
+// How far ahead of its loads a tile prefetches its weights (bytes). A tile's columns are
+// contiguous streams of a few KB, too short for the hardware prefetcher to ramp up.
+constexpr int64_t kAhead = 16384;
+
+enum Act : int { kNone = 0, kSilu = 1, kGelu = 2 };
+
+struct Layout {
+  int64_t bits, group, supers_every, n, k;
+  const uint8_t* q;
+  const int8_t* sc;
+  const at::Half* sup;
+  int64_t q_block, sc_block, sup_block;  // bytes / entries per 16-column block
+  int64_t groups, supers;
+};
+
+Layout layout_of(const at::Tensor& w) {
+  TORCH_CHECK(w.scalar_type() == at::kByte && w.dim() == 1 && w.is_contiguous() &&
+                  w.numel() >= 64,
+              "a quantized weight is a contiguous uint8 tensor packed by infer.models.quant");
+  const auto* base = w.data_ptr<uint8_t>();
+  int64_t h[8];
+  std::memcpy(h, base, sizeof h);
+  TORCH_CHECK(h[0] == kMagic, "not a quantized weight (bad header)");
+  Layout l;
+  l.bits = h[1];
+  l.group = h[2];
+  l.supers_every = h[3];
+  l.n = h[4];
+  l.k = h[5];
+  TORCH_CHECK((l.bits == 4 || l.bits == 8) && (l.group == 16 || l.group == 32) &&
+                  l.n % kLanes == 0 && l.k % 32 == 0 && l.supers_every > 0,
+              "unsupported quantized layout");
+  l.groups = l.k / l.group;
+  l.supers = (l.groups + l.supers_every - 1) / l.supers_every;
+  l.q_block = l.k * kLanes * l.bits / 8;
+  l.sc_block = l.groups * 2 * kLanes;
+  l.sup_block = l.supers * 2 * kLanes;
+  const int64_t blocks = l.n / kLanes;
+  TORCH_CHECK(h[6] >= 64 + blocks * l.q_block && h[7] >= h[6] + blocks * l.sc_block &&
+                  w.numel() >= h[7] + blocks * l.sup_block * 2,
+              "quantized weight is truncated");
+  l.q = base + 64;
+  l.sc = reinterpret_cast<const int8_t*>(base + h[6]);
+  l.sup = reinterpret_cast<const at::Half*>(base + h[7]);
+  return l;
+}
+
+// Rows of x quantized per group: q (int8, K per row), and per group d_a and d_a * sum(q).
+struct QuantX {
+  std::vector<int8_t> q;
+  std::vector<float> d, dsum;
+  int64_t k, groups;
+};
+
+template <typename T>
+void quantize_rows(const T* x, int64_t rows, int64_t k, int64_t group, QuantX& out) {
+  out.k = k;
+  out.groups = k / group;
+  out.q.resize(rows * k);
+  out.d.resize(rows * out.groups);
+  out.dsum.resize(rows * out.groups);
+  auto row = [&](int64_t r) {
+    const T* xr = x + r * k;
+    for (int64_t g = 0; g < out.groups; ++g) {
+      __m512 v[2];
+      for (int64_t h = 0; h < group / kLanes; ++h) {
+        if constexpr (std::is_same_v<T, float>) {
+          v[h] = _mm512_loadu_ps(xr + g * group + h * kLanes);
+        } else {
+          v[h] = load_bf16(xr + g * group + h * kLanes, 0xFFFF);
+        }
+      }
+      __m512 amax = _mm512_abs_ps(v[0]);
+      if (group == 32) amax = _mm512_max_ps(amax, _mm512_abs_ps(v[1]));
+      const float m = _mm512_reduce_max_ps(amax);
+      const float d = m / 127.0f;
+      const __m512 inv = _mm512_set1_ps(m > 0.0f ? 127.0f / m : 0.0f);
+      int32_t total = 0;
+      for (int64_t h = 0; h < group / kLanes; ++h) {
+        const __m512i qi =
+            _mm512_cvt_roundps_epi32(_mm512_mul_ps(v[h], inv), _MM_FROUND_TO_NEAREST_INT |
+                                                                   _MM_FROUND_NO_EXC);
+        total += _mm512_reduce_add_epi32(qi);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(&out.q[r * k + g * group + h * kLanes]),
+                         _mm512_cvtsepi32_epi8(qi));
+      }
+      out.d[r * out.groups + g] = d;
+      out.dsum[r * out.groups + g] = d * static_cast<float>(total);
+    }
+  };
+  if (rows == 1) {
+    row(0);
+  } else {
+    at::parallel_for(0, rows, 1, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) row(r);
+    });
+  }
+}
+
+struct Out {
+  void* p;
+  int64_t ldo;  // elements per output row
+  bool out_float;
+  const float* bias;  // at this tile's first column, or nullptr
+  Act act;
+};
+
+// The 16 columns' 64-byte weight vector of k step `step` (four k's) in column block `b`.
+template <int Bits>
+inline __m512i weights(const Layout& l, const uint8_t* q, int64_t step) {
+  if constexpr (Bits == 8) {
+    return _mm512_loadu_si512(q + step * 64);
+  } else {
+    const __m512i v = _mm512_loadu_si512(q + (step >> 1) * 64);
+    const __m512i nib = _mm512_set1_epi8(0x0F);
+    return (step & 1) ? _mm512_and_si512(_mm512_srli_epi16(v, 4), nib)
+                      : _mm512_and_si512(v, nib);
+  }
+}
+
+// Rows [0, R) x column blocks [0, C) from block `b0`; x rows from `r0`.
+template <int Bits, int G, int R, int C>
+void tile(const Layout& l, int64_t b0, const QuantX& x, int64_t r0, const Out& o, int64_t orow0) {
+  __m512 acc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+  const uint8_t* q[C];
+  const int8_t* sc[C];
+  const at::Half* sup[C];
+  for (int c = 0; c < C; ++c) {
+    q[c] = l.q + (b0 + c) * l.q_block;
+    sc[c] = l.sc + (b0 + c) * l.sc_block;
+    sup[c] = l.sup + (b0 + c) * l.sup_block * 1;
+  }
+  const int32_t* xq[R];
+  for (int r = 0; r < R; ++r) xq[r] = reinterpret_cast<const int32_t*>(&x.q[(r0 + r) * x.k]);
+  constexpr int kSteps = G / 4;
+  __m512 dv[C], mv[C];
+  for (int64_t g = 0; g < l.groups; ++g) {
+    if (g % l.supers_every == 0) {
+      const int64_t s = g / l.supers_every;
+      for (int c = 0; c < C; ++c) {
+        dv[c] = _mm512_cvtph_ps(_mm256_loadu_si256(
+            reinterpret_cast<const __m256i*>(sup[c] + s * 2 * kLanes)));
+        mv[c] = _mm512_cvtph_ps(_mm256_loadu_si256(
+            reinterpret_cast<const __m256i*>(sup[c] + s * 2 * kLanes + kLanes)));
+      }
+    }
+    __m512 sv[C], ov[C];
+    for (int c = 0; c < C; ++c) {
+      const int8_t* s = sc[c] + g * 2 * kLanes;
+      sv[c] = _mm512_mul_ps(dv[c], _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                                       _mm_loadu_si128(reinterpret_cast<const __m128i*>(s)))));
+      ov[c] = _mm512_mul_ps(mv[c], _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
+                                       reinterpret_cast<const __m128i*>(s + kLanes)))));
+    }
+    __m512i dot[R][C];
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c) dot[r][c] = _mm512_setzero_si512();
+    const int64_t step0 = g * kSteps;
+    for (int st = 0; st < kSteps; ++st) {
+      __m512i wv[C];
+      for (int c = 0; c < C; ++c) {
+        _mm_prefetch(reinterpret_cast<const char*>(q[c]) + (step0 + st) * 8 * Bits + kAhead,
+                     _MM_HINT_T1);
+        wv[c] = weights<Bits>(l, q[c], step0 + st);
+      }
+      for (int r = 0; r < R; ++r) {
+        const __m512i xb = _mm512_set1_epi32(xq[r][step0 + st]);
+        for (int c = 0; c < C; ++c) dot[r][c] = _mm512_dpbusd_epi32(dot[r][c], wv[c], xb);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      const __m512 da = _mm512_set1_ps(x.d[(r0 + r) * x.groups + g]);
+      const __m512 ds = _mm512_set1_ps(x.dsum[(r0 + r) * x.groups + g]);
+      for (int c = 0; c < C; ++c) {
+        acc[r][c] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(dot[r][c]), da), sv[c],
+                                    acc[r][c]);
+        acc[r][c] = _mm512_fnmadd_ps(ov[c], ds, acc[r][c]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    const int64_t row = orow0 + r;
+    if (o.act != kNone) {  // columns: 16 gate then the matching 16 up
+      const __m512 bg = o.bias ? _mm512_loadu_ps(o.bias) : _mm512_setzero_ps();
+      const __m512 bu = o.bias ? _mm512_loadu_ps(o.bias + kLanes) : _mm512_setzero_ps();
+      const __m512 gt = _mm512_add_ps(acc[r][0], bg);
+      const __m512 y = _mm512_mul_ps(o.act == kSilu ? silu16(gt) : gelu_tanh16(gt),
+                                     _mm512_add_ps(acc[r][1], bu));
+      auto* dst = static_cast<c10::BFloat16*>(o.p) + row * o.ldo;
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), (__m256i)_mm512_cvtneps_pbh(y));
+      continue;
+    }
+    for (int c = 0; c < C; ++c) {
+      const __m512 b = o.bias ? _mm512_loadu_ps(o.bias + c * kLanes) : _mm512_setzero_ps();
+      const __m512 v = _mm512_add_ps(acc[r][c], b);
+      if (o.out_float) {
+        _mm512_storeu_ps(static_cast<float*>(o.p) + row * o.ldo + c * kLanes, v);
+      } else {
+        auto* dst = static_cast<c10::BFloat16*>(o.p) + row * o.ldo + c * kLanes;
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), (__m256i)_mm512_cvtneps_pbh(v));
+      }
+    }
+  }
+}
+
+template <int Bits, int G, int C>
+void rows_tile(int64_t rows, const Layout& l, int64_t b0, const QuantX& x, int64_t r0,
+               const Out& o) {
+  switch (rows) {
+    case 4: return tile<Bits, G, 4, C>(l, b0, x, r0, o, r0);
+    case 3: return tile<Bits, G, 3, C>(l, b0, x, r0, o, r0);
+    case 2: return tile<Bits, G, 2, C>(l, b0, x, r0, o, r0);
+    default: return tile<Bits, G, 1, C>(l, b0, x, r0, o, r0);
+  }
+}
+
+template <int Bits, int G>
+void run_item(int64_t rows, const Layout& l, int64_t b0, int64_t nblocks, const QuantX& x,
+              int64_t r0, const Out& o) {
+  if (nblocks == 2) return rows_tile<Bits, G, 2>(rows, l, b0, x, r0, o);
+  return rows_tile<Bits, G, 1>(rows, l, b0, x, r0, o);
+}
+
+at::Tensor linear(const at::Tensor& x, const at::Tensor& weight,
+                  const c10::optional<at::Tensor>& bias, bool out_float, Act act) {
+  const Layout l = layout_of(weight);
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat,
+              "x must be bf16 or float32");
+  TORCH_CHECK(x.size(-1) == l.k, "x's last axis does not match the weight");
+  TORCH_CHECK(act == kNone || l.n % (kCols * kLanes) == 0,
+              "a gated weight needs a multiple of 32 output features");
+  auto x2 = x.reshape({-1, l.k}).contiguous();
+  const int64_t rows = x2.size(0);
+  QuantX qx;
+  if (x2.scalar_type() == at::kFloat) {
+    quantize_rows(x2.data_ptr<float>(), rows, l.k, l.group, qx);
+  } else {
+    quantize_rows(x2.data_ptr<c10::BFloat16>(), rows, l.k, l.group, qx);
+  }
+  const int64_t width = act == kNone ? l.n : l.n / 2;
+  auto sizes = x.sizes().vec();
+  sizes.back() = width;
+  auto out = at::empty(sizes, x.options().dtype(out_float ? at::kFloat : at::kBFloat16));
+  at::Tensor b;
+  if (bias.has_value() && bias->defined()) {
+    b = bias->to(at::kFloat).contiguous();
+    TORCH_CHECK(b.numel() == l.n, "bias must be [out_features]");
+  }
+  const int64_t blocks = l.n / kLanes;
+  const int64_t tiles = (blocks + kCols - 1) / kCols;
+  const int64_t row_blocks = (rows + kRowBlock - 1) / kRowBlock;
+  auto work = [&](int64_t i, int64_t) {
+    const int64_t t = i % tiles, rb = i / tiles;
+    const int64_t b0 = t * kCols, nblocks = std::min(kCols, blocks - b0);
+    const int64_t col = b0 * kLanes;
+    const int64_t out_col = act == kNone ? col : col / 2;
+    const int64_t elem = out_float ? 4 : 2;
+    Out o{static_cast<char*>(out.data_ptr()) + out_col * elem, width, out_float,
+          b.defined() ? b.data_ptr<float>() + col : nullptr, act};
+    const int64_t r1 = std::min(rows, (rb + 1) * kRowBlock);
+    for (int64_t r = rb * kRowBlock; r < r1; r += kRows) {
+      const int64_t nr = std::min(kRows, r1 - r);
+      if (l.bits == 4) {
+        if (l.group == 32) run_item<4, 32>(nr, l, b0, nblocks, qx, r, o);
+        else run_item<4, 16>(nr, l, b0, nblocks, qx, r, o);
+      } else {
+        if (l.group == 32) run_item<8, 32>(nr, l, b0, nblocks, qx, r, o);
+        else run_item<8, 16>(nr, l, b0, nblocks, qx, r, o);
+      }
+    }
+  };
+  parallel_owned(tiles * row_blocks, work);
+  return out;
+}
+
+}  // namespace
+
+bool has_quant_linear() { return true; }
+
+at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& weight,
+                        const c10::optional<at::Tensor>& bias, bool out_float) {
+  return linear(x, weight, bias, out_float, kNone);
+}
+
+at::Tensor quant_gated_linear(const at::Tensor& x, const at::Tensor& weight,
+                              const c10::optional<at::Tensor>& bias, bool gelu) {
+  return linear(x, weight, bias, false, gelu ? kGelu : kSilu);
+}
+
+#else  // no AVX512-VNNI: quantized weights are dequantized at load instead
+
+bool has_quant_linear() { return false; }
+
+at::Tensor quant_linear(const at::Tensor&, const at::Tensor&, const c10::optional<at::Tensor>&,
+                        bool) {
+  TORCH_CHECK(false, "this CPU has no AVX512-VNNI");
+}
+
+at::Tensor quant_gated_linear(const at::Tensor&, const at::Tensor&,
+                              const c10::optional<at::Tensor>&, bool) {
+  TORCH_CHECK(false, "this CPU has no AVX512-VNNI");
+}
+
+#endif

@@ -1,0 +1,268 @@
+"""Quantized weights kept quantized: GGUF blocks in two packed layouts, read by one kernel.
+
+Every GGUF type we keep is one formula, ``w = D*s*u - M*o``, with the file's own numbers:
+
+- ``u``: an unsigned 4-bit or 8-bit value per weight;
+- ``s``, ``o``: int8 scale and offset per group of ``G`` weights (32, or 16 for Q6_K);
+- ``D``, ``M``: float16 per superblock of ``S`` groups (one group for the legacy types).
+
+So Q4_0 is ``d*u - 8d`` (s = o = 1, M = 8d), Q4_1 ``d*u + m``, Q5_0/Q5_1 the same with 5-bit
+``u`` held in 8 bits, Q8_0 ``d*(u - 128)``, Q4_K/Q5_K ``d*sc*u - dmin*m`` with their 6-bit
+sub-block scales and minimums, and Q6_K ``d*sc*(u - 32)`` (o = s, M = 32d). Each product is
+exact in float32, so :func:`dequantize` gives back what ``gguf`` dequantizes, bit for bit.
+
+:class:`QuantTensor` holds the unpacked arrays while a model is built (q/k/v and gate/up
+concatenate along the output axis when their layouts agree); :func:`pack` writes the one
+uint8 tensor that ``quant_linear.cpp`` reads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType as QT
+from gguf.quants import Q4_K
+
+MAGIC = 0x31544E4951  # "QINT1", the kernel checks it
+_HEADER = 64
+LANES = 16  # output columns per packed block
+
+
+@dataclass
+class QuantTensor:
+    """A ``[N, K]`` weight as ``w = D*s*u - M*o`` (see the module docstring)."""
+
+    u: torch.Tensor  # uint8 [N, K]
+    scale: torch.Tensor  # int8 [N, K / group]
+    offset: torch.Tensor  # int8 [N, K / group]
+    d: torch.Tensor  # float16 [N, supers]
+    m: torch.Tensor  # float16 [N, supers]
+    bits: int  # 4 or 8: how u is stored
+    group: int  # 16 or 32
+    supers_every: int  # groups per superblock
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return int(self.u.shape[0]), int(self.u.shape[1])
+
+    @property
+    def layout(self) -> tuple[int, int, int]:
+        return self.bits, self.group, self.supers_every
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The float weight ``[N, K]``: ``(D*s)*u - (M*o)`` in float32, as ``gguf`` computes it."""
+        n, k = self.shape
+        g, s = self.group, self.supers_every
+        d = self.d.float().repeat_interleave(s, dim=1)[:, : k // g]
+        m = self.m.float().repeat_interleave(s, dim=1)[:, : k // g]
+        scale = (d * self.scale.float()).repeat_interleave(g, dim=1)
+        offset = (m * self.offset.float()).repeat_interleave(g, dim=1)
+        return (scale * self.u.float() - offset).to(dtype)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the packed form."""
+        n, k = self.shape
+        return _HEADER + n * k * self.bits // 8 + self.scale.numel() * 2 + self.d.numel() * 4
+
+
+def concat(parts: list[QuantTensor]) -> QuantTensor | None:
+    """The rows of ``parts`` in one tensor, or ``None`` when their layouts differ."""
+    if any(p.layout != parts[0].layout or p.shape[1] != parts[0].shape[1] for p in parts):
+        return None
+    return QuantTensor(
+        *(torch.cat([getattr(p, f) for p in parts]) for f in ("u", "scale", "offset", "d", "m")),
+        *parts[0].layout,
+    )
+
+
+def rows(t: QuantTensor, index: torch.Tensor) -> QuantTensor:
+    """The rows ``index`` of ``t`` (output features), e.g. to interleave gate and up."""
+    return QuantTensor(
+        *(getattr(t, f)[index] for f in ("u", "scale", "offset", "d", "m")), *t.layout
+    )
+
+
+def pack(t: QuantTensor) -> torch.Tensor:
+    """The uint8 tensor ``quant_linear.cpp`` reads: header, then u, (s, o) and (D, M) per
+    16 output columns."""
+    n, k = t.shape
+    if n % LANES or k % 32:
+        raise ValueError(f"a quantized linear needs N % 16 == 0 and K % 32 == 0, got {n}x{k}")
+    blocks = n // LANES
+    u = t.u.view(blocks, LANES, k // 4, 4).permute(0, 2, 1, 3)  # [B, K/4, 16, 4]
+    if t.bits == 4:
+        u = u.reshape(blocks, k // 8, 2, LANES, 4)  # steps 2j (low nibble) and 2j+1 (high)
+        u = u[:, :, 0] | (u[:, :, 1] << 4)
+    q = u.contiguous().view(-1)
+    groups = k // t.group
+    sc = torch.stack([t.scale, t.offset], dim=1)  # [N, 2, groups]
+    sc = sc.view(blocks, LANES, 2, groups).permute(0, 3, 2, 1).contiguous().view(-1)
+    supers = t.d.shape[1]
+    sup = torch.stack([t.d, t.m], dim=1)  # [N, 2, supers]
+    sup = sup.view(blocks, LANES, 2, supers).permute(0, 3, 2, 1).contiguous()
+    sup_bytes = sup.view(torch.uint8).view(-1)
+    off_sc = _align(_HEADER + q.numel())
+    off_sup = _align(off_sc + sc.numel())
+    out = torch.zeros(off_sup + sup_bytes.numel(), dtype=torch.uint8)
+    header = torch.tensor(
+        [MAGIC, t.bits, t.group, t.supers_every, n, k, off_sc, off_sup], dtype=torch.int64
+    )
+    out[:_HEADER] = header.view(torch.uint8)
+    out[_HEADER : _HEADER + q.numel()] = q
+    out[off_sc : off_sc + sc.numel()] = sc.view(torch.uint8)
+    out[off_sup:] = sup_bytes
+    return out
+
+
+def _align(n: int) -> int:
+    return (n + 63) // 64 * 64
+
+
+# --- from GGUF blocks ----------------------------------------------------------------------
+
+# The types kept quantized, and the layouts they land in.
+GGUF_TYPES = (QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0, QT.Q4_K, QT.Q5_K, QT.Q6_K)
+
+
+def from_gguf(qtype: QT, data: np.ndarray, shape: tuple[int, int]) -> QuantTensor | None:
+    """A ``[N, K]`` GGUF tensor's blocks (``data``: its raw bytes) as a :class:`QuantTensor`,
+    or ``None`` for a type not in :data:`GGUF_TYPES`."""
+    if qtype not in GGUF_TYPES or len(shape) != 2:
+        return None
+    n, k = shape
+    blocks = np.ascontiguousarray(data).view(np.uint8).reshape(n * k // _BLOCK[qtype], -1)
+    u, scale, offset, d, m, bits, group, every = _DECODE[qtype](blocks)
+    groups, supers = k // group, k // (group * every)
+    return QuantTensor(
+        torch.from_numpy(np.ascontiguousarray(u.reshape(n, k).astype(np.uint8))),
+        torch.from_numpy(np.ascontiguousarray(scale.reshape(n, groups).astype(np.int8))),
+        torch.from_numpy(np.ascontiguousarray(offset.reshape(n, groups).astype(np.int8))),
+        torch.from_numpy(np.ascontiguousarray(d.reshape(n, supers).astype(np.float16))),
+        torch.from_numpy(np.ascontiguousarray(m.reshape(n, supers).astype(np.float16))),
+        bits,
+        group,
+        every,
+    )
+
+
+_BLOCK = {QT.Q4_0: 32, QT.Q4_1: 32, QT.Q5_0: 32, QT.Q5_1: 32, QT.Q8_0: 32}
+_BLOCK |= {QT.Q4_K: 256, QT.Q5_K: 256, QT.Q6_K: 256}
+Decoded = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, int, int, int]
+
+
+def _f16(b: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(b).view(np.float16).reshape(-1)
+
+
+def _nibbles(qs: np.ndarray) -> np.ndarray:
+    """Legacy blocks' 16 bytes: low nibbles are weights 0-15, high nibbles 16-31."""
+    return np.concatenate([qs & 0x0F, qs >> 4], axis=-1)
+
+
+def _high_bits(qh: np.ndarray) -> np.ndarray:
+    """Q5_0/Q5_1's 32 fifth bits (a little-endian uint32) as 0 or 16 per weight."""
+    return np.unpackbits(np.ascontiguousarray(qh), axis=-1, bitorder="little") << 4
+
+
+def _ones(nb: int) -> np.ndarray:
+    return np.ones(nb, dtype=np.int8)
+
+
+def _q4_0(b: np.ndarray) -> Decoded:
+    d = _f16(b[:, :2])
+    return _nibbles(b[:, 2:]), _ones(len(b)), _ones(len(b)), d, d * np.float16(8), 4, 32, 1
+
+
+def _q4_1(b: np.ndarray) -> Decoded:
+    d, m = _f16(b[:, :2]), _f16(b[:, 2:4])
+    return _nibbles(b[:, 4:]), _ones(len(b)), _ones(len(b)), d, -m, 4, 32, 1
+
+
+def _q5_0(b: np.ndarray) -> Decoded:
+    d = _f16(b[:, :2])
+    u = _nibbles(b[:, 6:]) | _high_bits(b[:, 2:6])
+    return u, _ones(len(b)), _ones(len(b)), d, d * np.float16(16), 8, 32, 1
+
+
+def _q5_1(b: np.ndarray) -> Decoded:
+    d, m = _f16(b[:, :2]), _f16(b[:, 2:4])
+    u = _nibbles(b[:, 8:]) | _high_bits(b[:, 4:8])
+    return u, _ones(len(b)), _ones(len(b)), d, -m, 8, 32, 1
+
+
+def _q8_0(b: np.ndarray) -> Decoded:
+    d = _f16(b[:, :2])
+    u = (b[:, 2:].view(np.int8).astype(np.int16) + 128).astype(np.uint8)
+    return u, _ones(len(b)), _ones(len(b)), d, d * np.float16(128), 8, 32, 1
+
+
+def _k_scales(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    d, dmin = _f16(b[:, :2]), _f16(b[:, 2:4])
+    sc, mn = Q4_K.get_scale_min(b[:, 4:16])
+    return d, dmin, sc.astype(np.int8), mn.astype(np.int8)
+
+
+def _q4_k(b: np.ndarray) -> Decoded:
+    d, dmin, sc, mn = _k_scales(b)
+    qs = b[:, 16:].reshape(-1, 4, 1, 32) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)
+    u = (qs & 0x0F).reshape(len(b), 256)
+    return u, sc, mn, d, dmin, 4, 32, 8
+
+
+def _q5_k(b: np.ndarray) -> Decoded:
+    d, dmin, sc, mn = _k_scales(b)
+    qh, qs = b[:, 16:48], b[:, 48:]
+    ql = qs.reshape(-1, 4, 1, 32) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)
+    hi = qh.reshape(-1, 1, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 1, 8, 1)
+    u = ((ql & 0x0F).reshape(-1, 8, 32) | ((hi & 1).reshape(-1, 8, 32) << 4)).reshape(-1, 256)
+    return u, sc, mn, d, dmin, 8, 32, 8
+
+
+def _q6_k(b: np.ndarray) -> Decoded:
+    ql, qh, scales, d = b[:, :128], b[:, 128:192], b[:, 192:208], _f16(b[:, 208:210])
+    lo = ql.reshape(-1, 2, 1, 64) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)
+    lo = (lo & 0x0F).reshape(-1, 8, 32)
+    hi = qh.reshape(-1, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)
+    hi = (hi & 0x03).reshape(-1, 8, 32)
+    u = (lo | (hi << 4)).reshape(-1, 256)
+    sc = np.ascontiguousarray(scales).view(np.int8)
+    return u, sc, sc, d, d * np.float16(32), 8, 16, 16
+
+
+_DECODE = {
+    QT.Q4_0: _q4_0,
+    QT.Q4_1: _q4_1,
+    QT.Q5_0: _q5_0,
+    QT.Q5_1: _q5_1,
+    QT.Q8_0: _q8_0,
+    QT.Q4_K: _q4_k,
+    QT.Q5_K: _q5_k,
+    QT.Q6_K: _q6_k,
+}
+
+
+# --- from float weights (--weights int8 / int4) ----------------------------------------------
+
+
+def quantize(w: torch.Tensor, bits: int) -> QuantTensor:
+    """A float ``[N, K]`` weight quantized per group of 32: 8-bit symmetric (Q8_0's rule) or
+    4-bit with a minimum (Q4_1's rule)."""
+    n, k = w.shape
+    g = w.float().reshape(n, k // 32, 32)
+    if bits == 8:
+        d = (g.abs().amax(-1) / 127).half()
+        inv = torch.where(d == 0, 0, 1 / d.float())
+        q = torch.round(g * inv.unsqueeze(-1)).clamp(-127, 127)
+        u = (q + 128).to(torch.uint8)
+        m = d * 128
+    else:
+        lo, hi = g.amin(-1), g.amax(-1)
+        d = ((hi - lo) / 15).half()
+        inv = torch.where(d == 0, 0, 1 / d.float())
+        u = torch.round((g - lo.unsqueeze(-1)) * inv.unsqueeze(-1)).clamp(0, 15).to(torch.uint8)
+        m = (-lo).half()
+    ones = torch.ones(n, k // 32, dtype=torch.int8)
+    return QuantTensor(u.reshape(n, k), ones, ones.clone(), d, m, bits, 32, 1)

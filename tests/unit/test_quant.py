@@ -1,0 +1,141 @@
+"""Quantized weights: GGUF blocks kept as the file has them, and the kernel that reads them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as QT
+from gguf.quants import dequantize, quantize
+
+from infer import kernels
+from infer.models import quant
+from infer.models.quant import QuantTensor
+
+needs_vnni = pytest.mark.skipif(
+    not kernels.has_quant(), reason="no AVX512-VNNI here: quantized weights are dequantized"
+)
+
+# Bytes per block, and where each block's float16 scales sit (offsets of d, and dmin).
+_K_TYPES = {QT.Q4_K: (144, (0, 2)), QT.Q5_K: (176, (0, 2)), QT.Q6_K: (210, (208,))}
+
+
+def _blocks(qtype: QT, n: int, k: int, rng: np.random.Generator) -> np.ndarray:
+    """A ``[n, k]`` tensor's raw blocks: gguf's own quantizer where it has one, else random
+    bytes with sane float16 scales (any bit pattern of the rest is a valid block)."""
+    if qtype not in _K_TYPES:
+        return quantize(rng.standard_normal((n, k)).astype(np.float32), qtype)
+    size, scale_offsets = _K_TYPES[qtype]
+    raw = rng.integers(0, 256, (n * k // 256, size), dtype=np.uint8)
+    for off in scale_offsets:
+        d = (rng.random(len(raw)) * 0.01 + 0.001).astype(np.float16)
+        raw[:, off : off + 2] = d.view(np.uint8).reshape(-1, 2)
+    return raw.reshape(n, -1)
+
+
+@pytest.mark.parametrize("qtype", quant.GGUF_TYPES, ids=lambda t: t.name)
+def test_every_kept_gguf_type_holds_the_files_own_numbers(qtype: QT) -> None:
+    rng = np.random.default_rng(0)
+    raw = _blocks(qtype, 32, 512, rng)
+    kept = quant.from_gguf(qtype, raw, (32, 512))
+    assert kept is not None
+    expected = torch.from_numpy(dequantize(raw, qtype).astype(np.float32)).reshape(32, 512)
+    assert torch.equal(kept.dequantize(), expected)  # bit for bit
+
+
+def test_other_types_are_not_kept() -> None:
+    raw = np.zeros((4, 64), dtype=np.float32)
+    assert quant.from_gguf(QT.F32, raw, (4, 64)) is None
+
+
+def _reference(x: torch.Tensor, w: QuantTensor) -> torch.Tensor:
+    """The kernel's arithmetic in torch: x quantized per group to int8 (d = max|x| / 127),
+    integer dot products per group, then the group's float scale and offset."""
+    n, k = w.shape
+    g = w.group
+    xg = x.float().reshape(x.shape[0], k // g, g)
+    amax = xg.abs().amax(-1, keepdim=True)
+    d_a = amax / 127
+    q_a = torch.round(xg * torch.where(amax > 0, 127 / amax, 0)).clamp(-127, 127)
+    d = w.d.float().repeat_interleave(w.supers_every, 1)[:, : k // g]
+    m = w.m.float().repeat_interleave(w.supers_every, 1)[:, : k // g]
+    u = w.u.float().reshape(n, k // g, g)
+    dots = torch.einsum("rgk,ngk->rng", q_a.double(), u.double()).float()  # exact integers
+    sums = q_a.sum(-1)  # [rows, groups]
+    scale, offset = d * w.scale.float(), m * w.offset.float()  # [n, groups]
+    return (dots * d_a.squeeze(-1)[:, None, :] * scale).sum(-1) - (
+        (d_a.squeeze(-1) * sums) @ offset.T
+    )
+
+
+def _weights() -> list[QuantTensor]:
+    rng = np.random.default_rng(1)
+    out = []
+    for qtype in (QT.Q4_0, QT.Q4_K, QT.Q5_0, QT.Q6_K, QT.Q8_0):
+        kept = quant.from_gguf(qtype, _blocks(qtype, 96, 512, rng), (96, 512))
+        assert kept is not None
+        out.append(kept)
+    out += [quant.quantize(torch.randn(96, 512), bits) for bits in (4, 8)]
+    return out
+
+
+@needs_vnni
+@pytest.mark.parametrize("index", range(7))
+def test_quant_linear_computes_the_quantized_product(index: int) -> None:
+    w = _weights()[index]
+    packed = quant.pack(w)
+    x = torch.randn(7, 512).bfloat16()
+    bias = torch.randn(96)
+    out = kernels.ops().quant_linear(x, packed, bias, True)
+    expected = _reference(x, w) + bias
+    torch.testing.assert_close(out, expected, atol=2e-3 * expected.abs().max().item(), rtol=0)
+    # and close to the dense product: the int8 activations cost well under 1%
+    dense = x.float() @ w.dequantize().T + bias
+    assert (out - dense).abs().max() < 0.02 * dense.abs().max()
+
+
+@needs_vnni
+def test_a_rows_output_does_not_depend_on_the_other_rows() -> None:
+    for w in _weights():
+        packed = quant.pack(w)
+        x = torch.randn(70, 512).bfloat16()
+        together = kernels.ops().quant_linear(x, packed, None, True)
+        for r in (0, 5, 69):
+            alone = kernels.ops().quant_linear(x[r : r + 1], packed, None, True)
+            assert torch.equal(alone[0], together[r])
+
+
+@needs_vnni
+def test_gated_quant_linear_is_act_gate_times_up() -> None:
+    rng = np.random.default_rng(2)
+    gate, up = (quant.from_gguf(QT.Q4_K, _blocks(QT.Q4_K, 64, 512, rng), (64, 512)) for _ in "gu")
+    assert gate is not None and up is not None
+    both = quant.concat([gate, up])
+    assert both is not None
+    order = torch.arange(128).view(2, -1, 16).transpose(0, 1).reshape(-1)
+    packed = quant.pack(quant.rows(both, order))
+    x = torch.randn(5, 512).bfloat16()
+    for gelu, act in ((False, torch.nn.functional.silu), (True, None)):
+        out = kernels.ops().quant_gated_linear(x, packed, None, gelu).float()
+        g, u = _reference(x, gate), _reference(x, up)
+        g = act(g) if act else torch.nn.functional.gelu(g, approximate="tanh")
+        expected = g * u
+        torch.testing.assert_close(out, expected, atol=1e-2 * expected.abs().max().item(), rtol=0)
+
+
+def test_layouts_that_differ_do_not_concatenate() -> None:
+    rng = np.random.default_rng(3)
+    a = quant.from_gguf(QT.Q4_K, _blocks(QT.Q4_K, 16, 256, rng), (16, 256))
+    b = quant.from_gguf(QT.Q6_K, _blocks(QT.Q6_K, 16, 256, rng), (16, 256))
+    assert a is not None and b is not None
+    assert quant.concat([a, b]) is None
+    both = quant.concat([a, a])
+    assert both is not None and torch.equal(both.dequantize()[16:], a.dequantize())
+
+
+def test_quantize_at_load_is_close_to_the_weight() -> None:
+    w = torch.randn(64, 256)
+    for bits, tol in ((8, 0.01), (4, 0.2)):
+        q = quant.quantize(w, bits)
+        err = (q.dequantize() - w).abs().max() / w.abs().max()
+        assert err < tol, (bits, err)
