@@ -87,10 +87,11 @@ class CausalLM(nn.Module, ABC):
         pack_linears(self)
         self.decode_stack = DecodeStack.of(list(self.model.layers), self.config)
         if self.config.tie_word_embeddings:
+            head: nn.Module | None
             if self.quant_head is not None:
-                head: nn.Module | None = QuantLinear([self.quant_head], dtype=self.dtype)
-                head.pack()  # type: ignore[operator]
-                self.quant_head = None
+                quantized = QuantLinear(self.quant_head, dtype=self.dtype)
+                quantized.pack()
+                head, self.quant_head = quantized, None
             else:
                 head = pack_linear(self.lm_weight(), None)
             if head is not None:

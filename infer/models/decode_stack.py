@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -150,16 +150,15 @@ def _packed(layer: Any) -> tuple[Linear, Linear, GatedLinear, Linear] | None:
 
     def single(lin: Any) -> bool:
         return isinstance(lin, Bf16Linear) or (
-            isinstance(lin, QuantLinear) and len(lin.packed) == 1
+            isinstance(lin, QuantLinear) and lin.packed is not None
         )
 
     if single(qkv) and single(o) and isinstance(gate_up, GatedLinear) and single(down):
-        return qkv, o, gate_up, down
+        return cast(Linear, qkv), cast(Linear, o), gate_up, cast(Linear, down)
     return None
 
 
 def _weight(linear: Linear | GatedLinear) -> Tensor:
     """The one packed tensor the kernel reads (bf16, or uint8 when quantized)."""
-    if isinstance(linear, QuantLinear):
-        return linear.packed[0]
+    assert linear.packed is not None
     return linear.packed

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import shutil
 import struct
 import tempfile
@@ -26,6 +25,7 @@ from typing import BinaryIO
 import torch
 from tqdm.auto import tqdm
 
+from infer.models.cache import cache_dir
 from infer.models.config import CONFIG_NAME, GENERATION_CONFIG_NAME, WEIGHTS_NAME
 from infer.models.errors import LoadError
 from infer.models.gguf_checkpoint import GGUFCheckpoint
@@ -38,11 +38,6 @@ CACHE_DTYPE = torch.bfloat16
 MARKER_NAME = "infer-conversion.json"
 FORMAT = 1
 _SAFETENSORS_DTYPES = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32"}
-
-
-def cache_dir() -> Path:
-    """``$INFER_CACHE_DIR``, or ``~/.cache/infer``."""
-    return Path(os.environ.get("INFER_CACHE_DIR") or "~/.cache/infer").expanduser()
 
 
 def default_model_dir() -> Path:

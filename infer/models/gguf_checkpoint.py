@@ -1,24 +1,28 @@
 """GGUF files (llama.cpp's format) read as Hugging Face checkpoints.
 
-Tensors are dequantized one at a time with the ``gguf`` package and renamed to Hugging Face
-names; llama.cpp's permutation of Llama q/k rows (for its rope layout) is undone; the config
-comes from the file's metadata and the tokenizer from transformers' GGUF support.
+Tensors are read one at a time from a memory map (:mod:`infer.models.gguf_file`), kept
+quantized (:mod:`infer.models.quant`) or dequantized with the ``gguf`` package, and renamed
+to Hugging Face names; llama.cpp's permutation of Llama q/k rows (for its rope layout) is
+undone; the config comes from the file's metadata and the tokenizer from transformers' GGUF
+support (cached after the first load).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from gguf import GGUFReader, ReaderTensor
 from gguf.quants import dequantize
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from infer.models import quant
+from infer.models.cache import cache_dir, file_key
 from infer.models.errors import LoadError, eos_token_ids, one_line
+from infer.models.gguf_file import GGUFFile, GGUFTensor
 from infer.models.quant import QuantTensor
 
 # GGUF architecture -> Hugging Face architecture.
@@ -78,9 +82,9 @@ class GGUFCheckpoint:
     def __init__(self, path: Path) -> None:
         self.path = path
         try:
-            self.reader = GGUFReader(path)
+            self.reader = GGUFFile(path)
             self.arch = str(self._field("general.architecture"))
-        except Exception as e:  # GGUFReader raises ValueError, KeyError, struct errors...
+        except Exception as e:  # ValueError, struct errors, a bad type code...
             raise LoadError(f"{path} is not a readable GGUF file ({one_line(e)})") from e
         if self.arch not in GGUF_ARCHITECTURES:
             raise LoadError(
@@ -101,21 +105,43 @@ class GGUFCheckpoint:
         }
 
     def tokenizer(self) -> PreTrainedTokenizerBase:
-        """The tokenizer (and chat template) stored in the file's metadata."""
+        """The tokenizer (and chat template) stored in the file's metadata.
+
+        Building it parses the whole vocabulary again (15 s for Qwen2.5's 151k tokens), so
+        the result is saved under ``$INFER_CACHE_DIR/tokenizers/`` and later loads read that.
+        """
+        saved = cache_dir() / "tokenizers" / file_key(self.path)
+        if (saved / "tokenizer_config.json").is_file():
+            try:
+                return AutoTokenizer.from_pretrained(saved)
+            except Exception:  # a damaged cache: build it again
+                pass
         try:
-            return AutoTokenizer.from_pretrained(self.path.parent, gguf_file=self.path.name)
+            tokenizer = AutoTokenizer.from_pretrained(self.path.parent, gguf_file=self.path.name)
         except Exception as e:
             raise LoadError(f"cannot build a tokenizer from {self.path} ({one_line(e)})") from e
+        try:
+            tmp = saved.with_name(f".{saved.name}.{os.getpid()}")
+            tokenizer.save_pretrained(tmp)
+            os.replace(tmp, saved)
+        except OSError:
+            pass  # a read-only cache only costs the next load the same time again
+        return tokenizer
 
     def tensor_specs(self) -> list[tuple[str, tuple[int, ...]]]:
         """Hugging Face name and shape of every tensor, in file order, without reading them."""
         return [(self.hf_name(t.name), _torch_shape(t)) for t in self.reader.tensors]
 
-    def weights(self, quantized: bool = False) -> Iterator[tuple[str, torch.Tensor | QuantTensor]]:
-        """Yield ``(hf_name, tensor)`` one at a time, un-permuted: float32, or with
-        ``quantized`` a :class:`QuantTensor` for every 2-D tensor of a type it holds."""
+    def weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Yield ``(hf_name, float32 tensor)`` one at a time, dequantized and un-permuted."""
         for t in self.reader.tensors:
-            kept = quant.from_gguf(t.tensor_type, t.data, _torch_shape(t)) if quantized else None  # type: ignore[arg-type]
+            yield self.hf_name(t.name), self._tensor(t)
+
+    def quantized_weights(self) -> Iterator[tuple[str, torch.Tensor | QuantTensor]]:
+        """:meth:`weights`, but a :class:`QuantTensor` for every 2-D tensor of a type that
+        :mod:`infer.models.quant` holds as the file has it."""
+        for t in self.reader.tensors:
+            kept = quant.from_gguf(t.tensor_type, t.data, _torch_shape(t))
             if kept is not None:
                 yield self.hf_name(t.name), self._unpermuted(t, kept)
             else:
@@ -134,7 +160,7 @@ class GGUFCheckpoint:
             return f"model.layers.{parts[1]}.{layer_names[parts[2]]}.{suffix}"
         return gguf_name
 
-    def _unpermuted(self, t: ReaderTensor, w: QuantTensor) -> QuantTensor:
+    def _unpermuted(self, t: GGUFTensor, w: QuantTensor) -> QuantTensor:
         if self.arch == "llama" and t.name.endswith(".attn_q.weight"):
             heads = self.config["num_attention_heads"]
         elif self.arch == "llama" and t.name.endswith(".attn_k.weight"):
@@ -143,7 +169,7 @@ class GGUFCheckpoint:
             return w
         return quant.rows(w, _unpermute_rope_rows(torch.arange(w.shape[0]), heads))
 
-    def _tensor(self, t: ReaderTensor) -> torch.Tensor:
+    def _tensor(self, t: GGUFTensor) -> torch.Tensor:
         w = torch.from_numpy(np.array(dequantize(t.data, t.tensor_type), dtype=np.float32))
         w = w.reshape(_torch_shape(t))
         if self.arch == "llama" and t.name.endswith((".attn_q.weight", ".attn_q.bias")):
@@ -155,8 +181,7 @@ class GGUFCheckpoint:
         return w
 
     def _field(self, key: str) -> Any:
-        field = self.reader.fields.get(key)
-        return None if field is None else field.contents()
+        return self.reader.fields.get(key)
 
     def _config(self) -> dict[str, Any]:
         """A config.json dict built from the ``<arch>.*`` metadata."""
@@ -185,7 +210,7 @@ class GGUFCheckpoint:
         return config
 
 
-def _torch_shape(t: ReaderTensor) -> tuple[int, ...]:
+def _torch_shape(t: GGUFTensor) -> tuple[int, ...]:
     # GGUF lists dimensions fastest-first; torch wants them slowest-first.
     return tuple(int(n) for n in reversed(t.shape))
 

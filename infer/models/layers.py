@@ -368,7 +368,7 @@ class GatedMLP(nn.Module):
         :class:`QuantGatedLinear`) when it can."""
         proj = self.gate_up_proj
         if isinstance(proj, QuantLinear):
-            if len(proj.parts) == 1 and proj.out_features % 32 == 0:
+            if proj.out_features % 32 == 0:
                 self.gate_up_proj = QuantGatedLinear(proj, self.gelu)
             return
         if (

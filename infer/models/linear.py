@@ -24,53 +24,51 @@ def quant_kernels() -> bool:
 class QuantLinear(nn.Module):
     """A frozen linear over quantized weights, read as they are by ``quant_linear.cpp``.
 
-    Built from one :class:`QuantTensor`; q/k/v (or gate/up) concatenate into one when their
-    layouts agree, and otherwise stay parts whose outputs are concatenated. :meth:`pack`
-    writes each part in the kernel's layout and drops the unpacked arrays.
+    Built from one :class:`QuantTensor`; q/k/v (or gate/up) concatenate into one, in a
+    layout that holds each part exactly (:func:`quant.concat`). :meth:`pack` writes it in
+    the kernel's layout and drops the unpacked arrays.
     """
 
     def __init__(
-        self, parts: list[QuantTensor], bias: Tensor | None = None, dtype: torch.dtype = torch.bfloat16
+        self, weight: QuantTensor, bias: Tensor | None = None, dtype: torch.dtype = torch.bfloat16
     ) -> None:
         super().__init__()
-        self.parts = parts
+        self.weight: QuantTensor | None = weight
         self.dtype = dtype  # the model's: what a dequantized copy of it would be
-        self.in_features = parts[0].shape[1]
-        self.out_features = sum(p.shape[0] for p in parts)
-        self.register_parameter("bias", None if bias is None else nn.Parameter(bias, False))
-        self.packed: list[Tensor] = []
+        self.out_features, self.in_features = weight.shape
+        self.bias: nn.Parameter | None = None if bias is None else nn.Parameter(bias, False)
+        self.packed: Tensor | None = None
 
     @classmethod
     def concat(cls, linears: list[QuantLinear]) -> QuantLinear:
-        parts = [p for lin in linears for p in lin.parts]
-        merged = quant.concat(parts)
-        biases = [lin.bias for lin in linears]
+        merged = quant.concat([lin.quantized() for lin in linears])
         bias = None
-        if any(b is not None for b in biases):
+        if any(lin.bias is not None for lin in linears):
             bias = torch.cat(
                 [
-                    b.detach().float() if b is not None else torch.zeros(lin.out_features)
-                    for b, lin in zip(biases, linears, strict=True)
+                    lin.bias.detach().float()
+                    if lin.bias is not None
+                    else torch.zeros(lin.out_features)
+                    for lin in linears
                 ]
             )
-        return cls([merged] if merged is not None else parts, bias, linears[0].dtype)
+        return cls(merged, bias, linears[0].dtype)
+
+    def quantized(self) -> QuantTensor:
+        assert self.weight is not None, "a packed QuantLinear no longer holds its QuantTensor"
+        return self.weight
 
     def pack(self) -> None:
-        if not self.packed:
-            self.packed = [quant.pack(p) for p in self.parts]
-            self.parts = []
+        if self.packed is None:
+            self.packed = quant.pack(self.quantized())
+            self.weight = None
             if self.bias is not None:
                 self.bias = nn.Parameter(self.bias.detach().float(), requires_grad=False)
 
     def forward(self, x: Tensor, out_float: bool = False) -> Tensor:
         """``x @ W.T + b``; ``out_float`` returns float32 without rounding to bf16."""
-        ops = kernels.ops()
-        if len(self.packed) == 1:
-            out = ops.quant_linear(x, self.packed[0], self.bias, out_float)
-        else:
-            out = torch.cat([ops.quant_linear(x, p, None, out_float) for p in self.packed], -1)
-            if self.bias is not None:
-                out = out + self.bias.to(out.dtype)
+        assert self.packed is not None, "pack() first"
+        out = kernels.ops().quant_linear(x, self.packed, self.bias, out_float)
         return out if out_float else out.to(x.dtype)
 
 
@@ -80,7 +78,7 @@ class QuantGatedLinear(nn.Module):
 
     def __init__(self, gate_up: QuantLinear, gelu: bool) -> None:
         super().__init__()
-        (weight,) = gate_up.parts
+        weight = gate_up.quantized()
         self.width, self.gelu = gate_up.out_features // 2, gelu
         self.in_features = gate_up.in_features
         order = torch.arange(2 * self.width).view(2, -1, 16).transpose(0, 1).reshape(-1)
@@ -93,18 +91,18 @@ class QuantGatedLinear(nn.Module):
 
 def concat_linear(*parts: nn.Module) -> nn.Module:
     """One Linear whose output is the concatenation of ``parts``' outputs."""
-    if all(isinstance(p, QuantLinear) for p in parts):
-        return QuantLinear.concat(list(parts))  # type: ignore[arg-type]
-    parts = tuple(_dense(p) for p in parts)
-    first = parts[0]
-    out_features = sum(p.out_features for p in parts)
+    quantized = [p for p in parts if isinstance(p, QuantLinear)]
+    if len(quantized) == len(parts):
+        return QuantLinear.concat(quantized)
+    dense = [_dense(p) for p in parts]
+    first = dense[0]
+    out_features = sum(p.out_features for p in dense)
     bias = first.bias is not None
     fused = nn.Linear(first.in_features, out_features, bias=bias, device="meta")
-    assert isinstance(first, nn.Linear)
-    weight = torch.cat([p.weight for p in parts])
+    weight = torch.cat([p.weight for p in dense])
     fused.weight = nn.Parameter(weight, requires_grad=False)
     if bias:
-        fused.bias = nn.Parameter(torch.cat([p.bias for p in parts]), requires_grad=False)
+        fused.bias = nn.Parameter(torch.cat([p.bias for p in dense]), requires_grad=False)
     return fused
 
 
@@ -196,8 +194,8 @@ def _dense(linear: nn.Module) -> nn.Linear:
     """An ``nn.Linear`` of a part that may be quantized (fusing it with a dense one)."""
     if isinstance(linear, nn.Linear):
         return linear
-    assert isinstance(linear, QuantLinear) and linear.parts, "fuse before packing"
-    weight = torch.cat([p.dequantize(linear.dtype) for p in linear.parts])
+    assert isinstance(linear, QuantLinear), f"cannot fuse {type(linear).__name__}"
+    weight = linear.quantized().dequantize(linear.dtype)
     dense = nn.Linear(linear.in_features, linear.out_features, bias=linear.bias is not None)
     dense.weight = nn.Parameter(weight, requires_grad=False)
     if linear.bias is not None:

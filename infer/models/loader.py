@@ -29,6 +29,7 @@ from infer.models.config import CONFIG_NAME, GENERATION_CONFIG_NAME, WEIGHTS_NAM
 from infer.models.default import DEFAULT_MODEL_NAME, ensure_default_model
 from infer.models.errors import LoadError, eos_token_ids, one_line
 from infer.models.gguf_checkpoint import GGUFCheckpoint
+from infer.models.packaged import PACKAGED_MODELS, assemble
 from infer.models.quant import QuantTensor, quantize
 from infer.models.registry import create_model
 
@@ -69,7 +70,8 @@ def load_model(
     """Load a model and its tokenizer.
 
     Args:
-        source: ``"default"`` (the embedded SmolLM2-135M-Instruct), a Hugging Face
+        source: ``"default"`` (the embedded SmolLM2-135M-Instruct), a packaged GGUF model
+            by name (``qwen2.5-coder-0.5b``, ``qwen2.5-coder-1.5b``), a Hugging Face
             directory (config.json, safetensors, tokenizer files), a ``.gguf`` file, or a
             hub id ``org/name`` (downloaded when the hub is reachable).
         dtype: Dtype of the weights and activations.
@@ -83,6 +85,8 @@ def load_model(
     if source == DEFAULT_SOURCE:
         directory = ensure_default_model()
         return load_hf_dir(directory, dtype, device, weights, name=DEFAULT_MODEL_NAME)
+    if source in PACKAGED_MODELS:
+        return load_gguf(assemble(source), dtype, device, weights, name=source)
     path = Path(source).expanduser()
     if path.is_dir():
         return load_hf_dir(path, dtype, device, weights)
@@ -127,17 +131,24 @@ def load_hf_dir(
     )
 
 
-def load_gguf(path: Path, dtype: torch.dtype, device: str, weights: str = "auto") -> LoadedModel:
+def load_gguf(
+    path: Path,
+    dtype: torch.dtype,
+    device: str,
+    weights: str = "auto",
+    name: str | None = None,
+) -> LoadedModel:
     """Load a ``.gguf`` file: weights (kept quantized with ``auto``), config and tokenizer
     from its metadata."""
     checkpoint = GGUFCheckpoint(path)
     config = _model_config(checkpoint.config, path)
     tokenizer = checkpoint.tokenizer()
-    tensors = _quantized(checkpoint.weights(quantized=weights == "auto"), weights)
+    dense = checkpoint.weights()
+    tensors = _quantized(checkpoint.quantized_weights() if weights == "auto" else dense, weights)
     model = _create(config, tensors, dtype, device, path)
     eos = eos_token_ids(checkpoint.generation_config["eos_token_id"], tokenizer.eos_token_id)
     return LoadedModel(
-        model, tokenizer, config, path.name, eos, tokenizer.chat_template is not None
+        model, tokenizer, config, name or path.name, eos, tokenizer.chat_template is not None
     )
 
 

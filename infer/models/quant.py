@@ -68,20 +68,53 @@ class QuantTensor:
         return _HEADER + n * k * self.bits // 8 + self.scale.numel() * 2 + self.d.numel() * 4
 
 
-def concat(parts: list[QuantTensor]) -> QuantTensor | None:
-    """The rows of ``parts`` in one tensor, or ``None`` when their layouts differ."""
-    if any(p.layout != parts[0].layout or p.shape[1] != parts[0].shape[1] for p in parts):
-        return None
+def concat(parts: list[QuantTensor]) -> QuantTensor:
+    """The rows of ``parts`` in one tensor, in a layout that holds each exactly (see
+    :func:`widen`): Q4_K's q and k beside Q6_K's v become one 8-bit, 16-group tensor."""
+    if any(p.shape[1] != parts[0].shape[1] for p in parts):
+        raise ValueError("parts to concatenate must have the same input features")
+    bits = max(p.bits for p in parts)
+    group = min(p.group for p in parts)
+    span = min(p.group * p.supers_every for p in parts)
+    parts = [widen(p, bits, group, span // group) for p in parts]
     return QuantTensor(
-        *(torch.cat([getattr(p, f) for p in parts]) for f in ("u", "scale", "offset", "d", "m")),
-        *parts[0].layout,
+        torch.cat([p.u for p in parts]),
+        torch.cat([p.scale for p in parts]),
+        torch.cat([p.offset for p in parts]),
+        torch.cat([p.d for p in parts]),
+        torch.cat([p.m for p in parts]),
+        bits,
+        group,
+        span // group,
+    )
+
+
+def widen(t: QuantTensor, bits: int, group: int, supers_every: int) -> QuantTensor:
+    """``t`` in a layout with as many or more bits, the same or smaller groups and
+    superblocks: the same numbers (u unchanged, s and o repeated over split groups, D and M
+    over split superblocks)."""
+    if t.layout == (bits, group, supers_every):
+        return t
+    span, old_span = group * supers_every, t.group * t.supers_every
+    if bits < t.bits or t.group % group or old_span % span:
+        raise ValueError(f"cannot hold layout {t.layout} as {(bits, group, supers_every)}")
+    split, super_split = t.group // group, old_span // span
+    return QuantTensor(
+        t.u,
+        t.scale.repeat_interleave(split, dim=1),
+        t.offset.repeat_interleave(split, dim=1),
+        t.d.repeat_interleave(super_split, dim=1),
+        t.m.repeat_interleave(super_split, dim=1),
+        bits,
+        group,
+        supers_every,
     )
 
 
 def rows(t: QuantTensor, index: torch.Tensor) -> QuantTensor:
     """The rows ``index`` of ``t`` (output features), e.g. to interleave gate and up."""
     return QuantTensor(
-        *(getattr(t, f)[index] for f in ("u", "scale", "offset", "d", "m")), *t.layout
+        t.u[index], t.scale[index], t.offset[index], t.d[index], t.m[index], *t.layout
     )
 
 
@@ -127,7 +160,7 @@ def _align(n: int) -> int:
 GGUF_TYPES = (QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0, QT.Q4_K, QT.Q5_K, QT.Q6_K)
 
 
-def from_gguf(qtype: QT, data: np.ndarray, shape: tuple[int, int]) -> QuantTensor | None:
+def from_gguf(qtype: QT, data: np.ndarray, shape: tuple[int, ...]) -> QuantTensor | None:
     """A ``[N, K]`` GGUF tensor's blocks (``data``: its raw bytes) as a :class:`QuantTensor`,
     or ``None`` for a type not in :data:`GGUF_TYPES`."""
     if qtype not in GGUF_TYPES or len(shape) != 2:
@@ -224,10 +257,8 @@ def _q5_k(b: np.ndarray) -> Decoded:
 def _q6_k(b: np.ndarray) -> Decoded:
     ql, qh, scales, d = b[:, :128], b[:, 128:192], b[:, 192:208], _f16(b[:, 208:210])
     lo = ql.reshape(-1, 2, 1, 64) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)
-    lo = (lo & 0x0F).reshape(-1, 8, 32)
     hi = qh.reshape(-1, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)
-    hi = (hi & 0x03).reshape(-1, 8, 32)
-    u = (lo | (hi << 4)).reshape(-1, 256)
+    u = ((lo & 0x0F).reshape(-1, 8, 32) | ((hi & 0x03).reshape(-1, 8, 32) << 4)).reshape(-1, 256)
     sc = np.ascontiguousarray(scales).view(np.int8)
     return u, sc, sc, d, d * np.float16(32), 8, 16, 16
 

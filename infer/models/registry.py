@@ -13,8 +13,8 @@ from infer.models.gemma3 import Gemma3ForCausalLM
 from infer.models.layers import Attention, GatedMLP
 from infer.models.linear import QuantLinear, quant_kernels
 from infer.models.llama import LlamaForCausalLM
-from infer.models.qwen2 import Qwen2ForCausalLM
 from infer.models.quant import QuantTensor
+from infer.models.qwen2 import Qwen2ForCausalLM
 from infer.models.qwen3 import Qwen3ForCausalLM
 
 MODEL_CLASSES: dict[str, type[CausalLM]] = {
@@ -109,12 +109,10 @@ def _set_quantized(
     model: nn.Module, name: str, module: nn.Module, weight: QuantTensor, dtype: torch.dtype
 ) -> None:
     """Make ``name`` a :class:`QuantLinear` of ``weight``, keeping a bias already loaded."""
-    bias = module.bias
-    if bias is not None and bias.device.type == "meta":
-        bias = None  # not loaded yet: it arrives later and is set on the new module
-    quantized = QuantLinear([weight], None if bias is None else bias.detach(), dtype)
-    if module.bias is not None and bias is None:
-        quantized.bias = nn.Parameter(torch.empty_like(module.bias, device="meta"), False)
+    bias: torch.Tensor | None = getattr(module, "bias", None)
+    quantized = QuantLinear(weight, dtype=dtype)
+    if bias is not None:  # a bias not loaded yet (on meta) is set on the new module later
+        quantized.bias = nn.Parameter(bias.detach(), requires_grad=False)
     parent, _, attr = name.rpartition(".")
     setattr(model.get_submodule(parent), attr, quantized)
 

