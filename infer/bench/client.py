@@ -2,7 +2,7 @@
 
 Two stream dialects: ``native`` (infer's ``POST /v1/generate``: ``token`` events, then one
 ``done`` or ``error``) and ``openai`` (``POST /v1/completions`` with ``stream: true``: ``data:``
-chunks, then ``data: [DONE]``), which is how llama-cpp-python's server is measured.
+chunks, then ``data: [DONE]``), which is how llama.cpp's and vLLM's servers are measured.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,28 +33,20 @@ class Target:
         url: Base URL, e.g. ``http://127.0.0.1:8000``.
         api: ``native`` or ``openai`` (see the module docstring).
         extra: Fields added to every request body (``ignore_eos``, ``repeat_penalty``).
-        detokenize: Send prompts as this text instead of token ids (for servers that only
-            take strings; they tokenize it again, so the length may differ by a token or so).
-        min_tokens: Also send ``min_tokens = max_tokens`` (how llama.cpp ignores EOS).
     """
 
     url: str
     api: str = "native"
     extra: dict[str, Any] = field(default_factory=dict)
-    detokenize: Callable[[Sequence[int]], str] | None = None
-    min_tokens: bool = False
 
     def body(self, request: BenchRequest) -> dict[str, Any]:
-        ids = list(request.prompt_ids)
         body: dict[str, Any] = {
-            "prompt": self.detokenize(ids) if self.detokenize else ids,
+            "prompt": list(request.prompt_ids),
             "max_tokens": request.max_new_tokens,
             "temperature": 0.0,
         }
         if self.api == "openai":
             body |= {"stream": True, "stream_options": {"include_usage": True}}
-        if self.min_tokens:
-            body["min_tokens"] = request.max_new_tokens
         return body | self.extra
 
 

@@ -185,6 +185,7 @@ def run_bench(args: argparse.Namespace) -> int:
     meta["forward_step_samples_ms"], meta["forward_step_ms"] = samples, min(samples)
     meta["notes"] = [TOKEN_COUNT_NOTE, *settings.notes]
     meta["startup_s"] = settings.startup_s
+    meta["rss_mb"] = settings.rss_mb
     add_ratios(runs)
     report: Report = {
         "meta": meta,

@@ -61,6 +61,7 @@ def markdown(report: Report) -> str:
         f"Rerun: `{meta['command']}`",
         "",
         *_startup(meta.get("startup_s") or {}),
+        *_rss(meta.get("rss_mb") or {}),
         *[f"- {note}" for note in meta.get("notes", [])],
         "",
         tables(report),
@@ -176,6 +177,13 @@ def _startup(startup_s: dict[str, float]) -> list[str]:
         return []
     times = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in startup_s.items())
     return [f"Server start to ready: {times}.", ""]
+
+
+def _rss(rss_mb: dict[str, float]) -> list[str]:
+    if not rss_mb:
+        return []
+    sizes = ", ".join(f"{name} {mb / 1024:.2f} GB" for name, mb in rss_mb.items())
+    return [f"Server resident memory (largest after a workload, all its processes): {sizes}.", ""]
 
 
 def _unavailable(items: list[dict[str, str]]) -> list[str]:

@@ -7,7 +7,6 @@ Python interpreter (and its GIL) with the engine thread: the same split a real c
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import os
 import signal
 import socket
@@ -16,6 +15,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
@@ -70,43 +70,37 @@ def infer_command(
     ]
 
 
-def llama_cpp_python() -> str | None:
-    """A Python that can import ``llama_cpp.server``: ``$INFER_BENCH_LLAMA_CPP_PYTHON``, else
-    this one when it has the package, else ``None``."""
-    configured = os.environ.get("INFER_BENCH_LLAMA_CPP_PYTHON")
+def default_llama_server() -> Path:
+    """llama.cpp's ``llama-server``: ``$INFER_BENCH_LLAMA_SERVER``, else ``.peers/llama-server``
+    of this checkout (``make peers`` builds it there)."""
+    configured = os.environ.get("INFER_BENCH_LLAMA_SERVER")
     if configured:
-        return configured
-    if importlib.util.find_spec("llama_cpp") is not None:
-        return sys.executable
-    return None
+        return Path(configured).expanduser()
+    return Path(__file__).resolve().parents[2] / ".peers" / "llama-server"
 
 
-def llama_cpp_command(python: str, port: int, gguf: Path, threads: int, ctx: int) -> list[str]:
-    """llama-cpp-python's OpenAI-compatible server on ``gguf``.
-
-    ``--interrupt_requests False`` makes a new request wait for the running one instead of
-    cutting it off (its default), so concurrent streams all finish.
-    """
+def llama_server_command(
+    binary: Path, port: int, gguf: Path, threads: int, slots: int, ctx: int
+) -> list[str]:
+    """``llama-server`` on ``gguf`` with ``slots`` parallel sequences of ``ctx`` tokens each
+    (continuous batching is its default)."""
     return [
-        python,
-        "-m",
-        "llama_cpp.server",
+        str(binary),
         "--model",
         str(gguf),
         "--host",
         "127.0.0.1",
         "--port",
         str(port),
-        "--n_threads",
+        "--threads",
         str(threads),
-        "--n_threads_batch",
+        "--threads-batch",
         str(threads),
-        "--n_ctx",
-        str(ctx),
-        "--interrupt_requests",
-        "False",
-        "--verbose",
-        "False",
+        "--parallel",
+        str(slots),
+        "--ctx-size",
+        str(slots * ctx),
+        "--log-disable",
     ]
 
 
@@ -154,9 +148,9 @@ def running_server(
     ready_path: str,
     env: Mapping[str, str] | None = None,
     timeout_s: float = STARTUP_TIMEOUT_S,
-) -> Iterator[float]:
-    """Start ``command``, wait until ``GET url+ready_path`` answers 200, yield how many
-    seconds that took, stop it (and whatever it started: it runs in its own session).
+) -> Iterator[Started]:
+    """Start ``command``, wait until ``GET url+ready_path`` answers 200, yield how long that
+    took and its process id, stop it (and whatever it started: it runs in its own session).
 
     Raises:
         ServerError: The process exited or was not ready within ``timeout_s``.
@@ -173,9 +167,32 @@ def running_server(
         )
         try:
             _wait_ready(process, url + ready_path, log, timeout_s)
-            yield time.monotonic() - started
+            yield Started(time.monotonic() - started, process.pid)
         finally:
             _stop(process)
+
+
+@dataclass(frozen=True)
+class Started:
+    startup_s: float
+    pid: int  # its session: the server and every process it started
+
+    def rss_mb(self) -> float:
+        """Resident memory of the server and every process it started (vLLM's engine core
+        is its own process), from ``/proc``; 0 where there is no ``/proc``."""
+        total_kb = 0
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+                if int(fields[3]) != self.pid:  # field 6 of stat: the session id
+                    continue
+                status = (stat.parent / "status").read_text()
+            except (OSError, IndexError, ValueError):
+                continue
+            for line in status.splitlines():
+                if line.startswith("VmRSS:"):
+                    total_kb += int(line.split()[1])
+        return total_kb / 1024
 
 
 def _wait_ready(

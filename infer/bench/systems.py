@@ -20,11 +20,12 @@ from infer.bench.client import Target, probe, run_workload
 from infer.bench.metrics import RequestResult
 from infer.bench.servers import (
     VLLM_STARTUP_TIMEOUT_S,
+    Started,
+    default_llama_server,
     default_vllm_venv,
     free_port,
     infer_command,
-    llama_cpp_command,
-    llama_cpp_python,
+    llama_server_command,
     running_server,
     vllm_command,
     vllm_env,
@@ -51,7 +52,8 @@ INFER_SERVERS = {
 }
 URL_SYSTEM = "url"  # the server at --url
 SERIAL = frozenset({"sequential", "hf"})  # one request at a time, whatever the concurrency
-LLAMA_CPP_CTX = 2048
+LLAMA_CPP_CTX = 2048  # tokens per slot
+LLAMA_CPP_SLOTS = 64  # as many sequences at once as infer's --max-batch-size
 VLLM_MAX_MODEL_LEN = 2048
 
 OnDone = Callable[[RequestResult], None]
@@ -77,6 +79,7 @@ class Settings:
     sampling: dict[str, float] = field(default_factory=dict)  # sent to servers (empty: greedy)
     notes: list[str] = field(default_factory=list)  # caveats found while probing
     startup_s: dict[str, float] = field(default_factory=dict)  # each server's time to ready
+    rss_mb: dict[str, float] = field(default_factory=dict)  # each server's largest RSS seen
 
 
 @contextlib.contextmanager
@@ -101,9 +104,9 @@ def open_system(name: str, settings: Settings) -> Iterator[Measure]:
         if settings.threads:
             args += ["--num-threads", str(settings.threads)]
         command = infer_command(port, mode, settings.model, settings.dtype, args)
-        with running_server(command, url, "/health") as startup_s:
-            settings.startup_s[name] = round(startup_s, 1)
-            yield _http(Target(url, "native"), settings, name)
+        with running_server(command, url, "/health") as server:
+            settings.startup_s[name] = round(server.startup_s, 1)
+            yield _http(Target(url, "native"), settings, name, server)
     elif name == "llama.cpp":
         with _llama_cpp(settings) as measure:
             yield measure
@@ -133,29 +136,27 @@ def _hf(name: str, settings: Settings) -> Iterator[Measure]:
 
 @contextlib.contextmanager
 def _llama_cpp(settings: Settings) -> Iterator[Measure]:
-    python = llama_cpp_python()
-    if python is None:
+    """llama.cpp's ``llama-server`` on the same GGUF file, with token-id prompts and
+    ``ignore_eos`` like infer."""
+    binary = default_llama_server()
+    if not binary.is_file():
         raise Unavailable(
-            "llama-cpp-python is not installed (pip install 'llama-cpp-python[server]', or "
-            "point INFER_BENCH_LLAMA_CPP_PYTHON at a Python that has it)"
+            f"llama-server is not built in {binary} (`make peers` builds it; or point "
+            "INFER_BENCH_LLAMA_SERVER at one)"
         )
     gguf = _gguf_file(settings.model)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     threads = settings.threads or torch.get_num_threads()
-    command = llama_cpp_command(python, port, gguf, threads, LLAMA_CPP_CTX)
-    # Its completions take text prompts only; min_tokens is how it ignores EOS; its default
-    # repeat_penalty of 1.1 would make its greedy tokens differ from everyone else's.
-    tokenizer = settings.loaded.tokenizer
+    command = llama_server_command(binary, port, gguf, threads, LLAMA_CPP_SLOTS, LLAMA_CPP_CTX)
+    # Its default repeat penalty of 1.1 and top-k of 40 would make its tokens differ from
+    # everyone else's: off, as the other servers have them.
     target = Target(
-        url,
-        "openai",
-        {"repeat_penalty": 1.0},
-        lambda ids: str(tokenizer.decode(list(ids))),
-        min_tokens=True,
+        url, "openai", {"repeat_penalty": 1.0, "top_k": 0, "ignore_eos": True, "cache_prompt": True}
     )
-    with running_server(command, url, "/v1/models"):
-        yield _http(target, settings, "llama.cpp")
+    with running_server(command, url, "/health", timeout_s=VLLM_STARTUP_TIMEOUT_S) as server:
+        settings.startup_s["llama.cpp"] = round(server.startup_s, 1)
+        yield _http(target, settings, "llama.cpp", server)
 
 
 @contextlib.contextmanager
@@ -174,37 +175,37 @@ def _vllm(settings: Settings) -> Iterator[Measure]:
         )
     if settings.dtype != "bfloat16":
         raise Unavailable("the vLLM peer is measured in bfloat16 only (use --dtype bfloat16)")
-    model_dir = baselines.hf_model_dir(settings.model)
+    model_dir = baselines.hf_model_dir(settings.model) or baselines.dense_copy(settings.model)
     if model_dir is None:
-        raise Unavailable("vLLM needs a Hugging Face model directory or 'default'")
+        raise Unavailable("vLLM needs a Hugging Face directory, a GGUF file or a packaged model")
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     command = vllm_command(venv, port, model_dir, VLLM_MAX_MODEL_LEN)
     target = Target(url, "openai", {"model": str(model_dir), "ignore_eos": True})
-    with running_server(
-        command, url, "/health", vllm_env(venv), VLLM_STARTUP_TIMEOUT_S
-    ) as startup_s:
-        settings.startup_s["vllm"] = round(startup_s, 1)
-        yield _http(target, settings, "vllm")
+    with running_server(command, url, "/health", vllm_env(venv), VLLM_STARTUP_TIMEOUT_S) as server:
+        settings.startup_s["vllm"] = round(server.startup_s, 1)
+        yield _http(target, settings, "vllm", server)
 
 
 def _gguf_file(model: str) -> Path:
-    if model == "default":
-        from infer.models.default import default_gguf_path
-
-        return default_gguf_path()
-    if model.lower().endswith(".gguf") and Path(model).is_file():
-        return Path(model)
-    raise Unavailable("llama.cpp needs a .gguf model file (or the default model)")
+    path = baselines.gguf_file(model)
+    if path is None:
+        raise Unavailable("llama.cpp needs a .gguf model file (or a packaged or default model)")
+    return path
 
 
-def _http(target: Target, settings: Settings, name: str) -> Measure:
-    """Probe the server (ignore_eos support, warm-up), then measure it with the HTTP client."""
+def _http(target: Target, settings: Settings, name: str, server: Started | None = None) -> Measure:
+    """Probe the server (ignore_eos support, warm-up), then measure it with the HTTP client,
+    noting the server's largest resident memory after each workload."""
     target = replace(target, extra=target.extra | settings.sampling)
     target = trio.run(_probe_ignore_eos, target, settings, name)
 
     def measure(workload: Workload, on_done: OnDone) -> list[RequestResult]:
-        return trio.run(run_workload, target, workload, on_done, settings.seed)
+        results = trio.run(run_workload, target, workload, on_done, settings.seed)
+        if server is not None:
+            rss = round(server.rss_mb())
+            settings.rss_mb[name] = max(rss, settings.rss_mb.get(name, 0))
+        return results
 
     return measure
 

@@ -105,8 +105,6 @@ def test_target_body() -> None:
     body = Target("http://h", "native", {"ignore_eos": True}).body(request)
     assert body == {"prompt": [1, 2, 3], "max_tokens": 5, "temperature": 0.0, "ignore_eos": True}
     assert Target("http://h", "openai").body(request)["stream"] is True
-    text = Target("http://h", "openai", detokenize=lambda ids: "x" * len(ids), min_tokens=True)
-    assert text.body(request)["prompt"] == "xxx" and text.body(request)["min_tokens"] == 5
 
 
 def test_request_metrics() -> None:
