@@ -163,10 +163,16 @@ def run_bench(args: argparse.Namespace) -> int:
         loaded, args.model, args.dtype, args.seed, args.url, args.api, args.server_arg, args.threads
     )
     if args.temperature > 0:
-        settings.sampling = {"temperature": args.temperature, "top_p": args.top_p}
+        # As a chat client samples: a request ends at EOS (or its token limit).
+        settings.sampling = {
+            "temperature": args.temperature,
+            "top_p": args.top_p,
+            "ignore_eos": False,
+        }
         settings.notes.append(
             f"Sampled: every server request asks for temperature {args.temperature:g} and "
-            f"top_p {args.top_p:g} (no seed); the in-process baselines decode greedily"
+            f"top_p {args.top_p:g} (no seed) and ends at EOS, so requests may be *short*; "
+            "the in-process baselines decode greedily"
         )
     meta = _meta(args, loaded.name)
     scale = SCALE_SIZES[args.scale]

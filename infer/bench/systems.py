@@ -214,7 +214,7 @@ async def _probe_ignore_eos(target: Target, settings: Settings, name: str) -> Ta
     """Ask for ``ignore_eos``; keep it when the server takes it, else note that it does not."""
     tokens = tuple(settings.loaded.tokenizer.encode("Call me Ishmael.", add_special_tokens=False))
     request = BenchRequest(tokens, 2)
-    if target.api == "native":
+    if target.api == "native" and target.extra.get("ignore_eos") is not False:
         with_flag = replace(target, extra=target.extra | {"ignore_eos": True})
         status, text = await probe(with_flag, request)
         if status == 200:
