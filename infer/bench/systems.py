@@ -175,7 +175,10 @@ def _vllm(settings: Settings) -> Iterator[Measure]:
         )
     if settings.dtype != "bfloat16":
         raise Unavailable("the vLLM peer is measured in bfloat16 only (use --dtype bfloat16)")
-    model_dir = baselines.hf_model_dir(settings.model) or baselines.dense_copy(settings.model)
+    try:
+        model_dir = baselines.hf_model_dir(settings.model) or baselines.dense_copy(settings.model)
+    except Exception as e:  # transformers' GGUF loader: any failure makes the peer unavailable
+        raise Unavailable(f"no dense copy of {settings.model} for vLLM: {e}") from e
     if model_dir is None:
         raise Unavailable("vLLM needs a Hugging Face directory, a GGUF file or a packaged model")
     port = free_port()

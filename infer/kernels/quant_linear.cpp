@@ -227,8 +227,12 @@ void tile(const Layout& l, int64_t b0, const QuantX& x, int64_t r0, const Out& o
       const __m512 gt = _mm512_add_ps(acc[r][0], bg);
       const __m512 y = _mm512_mul_ps(o.act == kSilu ? silu16(gt) : gelu_tanh16(gt),
                                      _mm512_add_ps(acc[r][1], bu));
-      auto* dst = static_cast<c10::BFloat16*>(o.p) + row * o.ldo;
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), (__m256i)_mm512_cvtneps_pbh(y));
+      if (o.out_float) {
+        _mm512_storeu_ps(static_cast<float*>(o.p) + row * o.ldo, y);
+      } else {
+        auto* dst = static_cast<c10::BFloat16*>(o.p) + row * o.ldo;
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), (__m256i)_mm512_cvtneps_pbh(y));
+      }
       continue;
     }
     for (int c = 0; c < C; ++c) {
@@ -281,6 +285,8 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight,
   const int64_t width = act == kNone ? l.n : l.n / 2;
   auto sizes = x.sizes().vec();
   sizes.back() = width;
+  // float32 activations get float32 outputs (a float32 model); bf16 ones bf16 unless asked.
+  out_float = out_float || x.scalar_type() == at::kFloat;
   auto out = at::empty(sizes, x.options().dtype(out_float ? at::kFloat : at::kBFloat16));
   at::Tensor b;
   if (bias.has_value() && bias->defined()) {
