@@ -118,6 +118,7 @@ def dense_copy(source: str) -> Path | None:
     # transformers refuses to save a model it loaded from GGUF: write the parts ourselves.
     config = model.config.to_dict()
     config.pop("quantization_config", None)
+    config["architectures"] = [type(model).__name__]  # vLLM picks its model class by it
     state = {k: v.contiguous() for k, v in model.state_dict().items()}
     if config.get("tie_word_embeddings"):
         state.pop("lm_head.weight", None)
