@@ -26,10 +26,9 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from infer.models.base import CausalLM
 from infer.models.config import CONFIG_NAME, GENERATION_CONFIG_NAME, WEIGHTS_NAME, ModelConfig
-from infer.models.default import DEFAULT_MODEL_NAME, default_gguf_path, ensure_default_model
+from infer.models.default import DEFAULT_MODEL_NAME, ensure_default_model
 from infer.models.errors import LoadError, eos_token_ids, one_line
 from infer.models.gguf_checkpoint import GGUFCheckpoint
-from infer.models.linear import quant_kernels
 from infer.models.packaged import PACKAGED_MODELS, assemble
 from infer.models.quant import QuantTensor, quantize
 from infer.models.registry import create_model
@@ -84,9 +83,6 @@ def load_model(
         LoadError: The source is missing, corrupt, unsupported or cannot be downloaded.
     """
     if source == DEFAULT_SOURCE:
-        if weights == "auto" and device == "cpu" and quant_kernels():
-            # The default model is a Q4_1 GGUF file: ``auto`` reads its weights as they are.
-            return load_gguf(default_gguf_path(), dtype, device, weights, DEFAULT_MODEL_NAME)
         directory = ensure_default_model()
         return load_hf_dir(directory, dtype, device, weights, name=DEFAULT_MODEL_NAME)
     if source in PACKAGED_MODELS:

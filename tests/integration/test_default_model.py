@@ -15,6 +15,7 @@ from infer.engine.generate import generate
 from infer.engine.prompts import encode_prompt
 from infer.engine.sampling import SamplingParams
 from infer.models.default import default_gguf_path
+from infer.models.linear import QuantGatedLinear, QuantLinear
 from infer.models.loader import LoadedModel, load_model
 
 pytestmark = pytest.mark.slow
@@ -35,8 +36,8 @@ def gguf_path() -> Path:
 
 @pytest.fixture(scope="module")
 def gguf_model(gguf_path: Path) -> LoadedModel:
-    """The GGUF file loaded directly, in float32."""
-    return load_model(str(gguf_path), dtype=torch.float32)
+    """The GGUF file loaded directly and dequantized, in float32."""
+    return load_model(str(gguf_path), dtype=torch.float32, weights="bf16")
 
 
 @pytest.fixture(scope="module")
@@ -87,20 +88,35 @@ def test_gguf_logits_match_transformers(
     torch.testing.assert_close(_logits(gguf_model, ids), expected, **GGUF_TOL)
 
 
-def test_cache_holds_the_gguf_weights_in_bfloat16(
-    default_model: LoadedModel, gguf_model: LoadedModel
-) -> None:
-    cached = dict(default_model.model.named_parameters())
+def test_cache_holds_the_gguf_weights_in_bfloat16(gguf_model: LoadedModel) -> None:
+    cached = dict(load_model("default", weights="bf16").model.named_parameters())
     for name, weight in gguf_model.model.named_parameters():
         assert torch.equal(cached[name], weight.bfloat16()), name
 
 
 def test_cache_in_float32_is_close_to_gguf(gguf_model: LoadedModel) -> None:
-    cached = load_model("default", dtype=torch.float32)
+    cached = load_model("default", dtype=torch.float32, weights="bf16")
     ids = _chat_ids(gguf_model)
     ours, exact = _logits(cached, ids), _logits(gguf_model, ids)
     assert (ours - exact).abs().max().item() < CACHE_ATOL
     assert torch.equal(ours.argmax(-1), exact.argmax(-1))
+
+
+@pytest.mark.skipif(not kernels.has_quant(), reason="no AVX512-VNNI: weights are dequantized")
+def test_its_gguf_file_runs_with_its_q4_1_weights_kept(
+    gguf_path: Path, gguf_model: LoadedModel
+) -> None:
+    """`--model <file>` keeps the Q4_1 weights (``default`` serves the bf16 cache: with 8-bit
+    activations this 135M model answers the capital question wrongly, as llama.cpp does)."""
+    kept = load_model(str(gguf_path))
+    layer = kept.model.model.layers[0]
+    assert isinstance(layer.self_attn.qkv_proj, QuantLinear)
+    assert isinstance(layer.mlp.gate_up_proj, QuantGatedLinear)
+    assert kept.model.decode_stack is not None
+    ids = _chat_ids(gguf_model)
+    quantized, exact = _logits(kept, ids).float(), _logits(gguf_model, ids)
+    agree = (quantized.argmax(-1) == exact.argmax(-1)).float().mean().item()
+    assert agree >= 0.9, agree
 
 
 def test_greedy_chat_answer(default_model: LoadedModel) -> None:

@@ -14,9 +14,10 @@ from huggingface_hub import constants as hub_constants
 from safetensors import safe_open
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-from infer import cli
+from infer import cli, kernels
 from infer.models import default
 from infer.models.config import ModelConfig
+from infer.models.linear import QuantLinear
 from infer.models.loader import GGUFCheckpoint, LoadError, load_model
 from infer.models.registry import create_model
 
@@ -237,6 +238,18 @@ def test_eos_ids_merge_generation_config(tmp_path: Path, llama_dir: RefDir) -> N
     _save_tiny_tokenizer(tmp_path)
     (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [7, 3]}))
     assert load_model(str(tmp_path), dtype=torch.float32).eos_token_ids == [7, 3]
+
+
+@pytest.mark.skipif(not kernels.has_quant(), reason="no AVX512-VNNI: weights stay dense")
+@pytest.mark.parametrize(("weights", "tol"), [("int8", 0.02), ("int4", 0.25)])
+def test_weights_quantized_at_load(llama_dir: RefDir, weights: str, tol: float) -> None:
+    ref, path = llama_dir
+    loaded = load_model(str(path), weights=weights)
+    layer = loaded.model.model.layers[0]
+    assert isinstance(layer.self_attn.qkv_proj, QuantLinear)
+    assert isinstance(layer.mlp.down_proj, QuantLinear)
+    got, expected = _logits(loaded.model, IDS).float(), _ref_logits(ref, IDS)
+    assert (got - expected).abs().max() < tol * expected.abs().max()
 
 
 def test_dtype(llama_dir: RefDir) -> None:
