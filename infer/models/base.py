@@ -32,7 +32,8 @@ class DecoderStack(nn.Module):
 
     def __init__(self, config: ModelConfig, layers: list[nn.Module], norm_offset: float) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        # nn.Embedding, or QuantEmbedding when a GGUF table is kept quantized
+        self.embed_tokens: nn.Module = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(layers)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, norm_offset)
 
@@ -65,16 +66,17 @@ class CausalLM(nn.Module, ABC):
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.model.embed_tokens.weight.dtype
+        return self.model.norm.weight.dtype  # the embedding may be kept quantized
 
     @property
     def device(self) -> torch.device:
-        return self.model.embed_tokens.weight.device
+        return self.model.norm.weight.device
 
     def lm_weight(self) -> Tensor:
-        if self.config.tie_word_embeddings:
-            return self.model.embed_tokens.weight
-        return self.lm_head.weight
+        """The dense head weight (a kept-quantized head is ``packed_head`` or ``lm_head``)."""
+        module = self.model.embed_tokens if self.config.tie_word_embeddings else self.lm_head
+        assert isinstance(module, nn.Embedding | nn.Linear), "no dense head weight"
+        return module.weight
 
     def pack(self) -> None:
         """Freeze every linear weight in its fastest packed form (see :func:`pack_linear`).

@@ -72,6 +72,31 @@ class QuantLinear(nn.Module):
         return out if out_float else out.to(x.dtype)
 
 
+class QuantEmbedding(nn.Module):
+    """An embedding table kept quantized: rows are dequantized as they are looked up, to the
+    same numbers a dequantized table holds (4-bit values two to a byte: the 1.5B Qwen's
+    Q4_K table takes 135 MB instead of 467 MB in bf16)."""
+
+    def __init__(self, table: QuantTensor, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.num_embeddings, self.embedding_dim = table.shape
+        self.dtype = dtype
+        u = table.u
+        self.u = u[:, 0::2] | (u[:, 1::2] << 4) if table.bits == 4 else u
+        self.scale, self.offset, self.d, self.m = table.scale, table.offset, table.d, table.m
+        self.layout = table.layout
+
+    def forward(self, ids: Tensor) -> Tensor:
+        flat = ids.reshape(-1)
+        u = self.u[flat]
+        if self.layout[0] == 4:
+            u = torch.stack([u & 15, u >> 4], dim=-1).reshape(len(flat), -1)
+        rows = QuantTensor(
+            u, self.scale[flat], self.offset[flat], self.d[flat], self.m[flat], *self.layout
+        )
+        return rows.dequantize(self.dtype).reshape(*ids.shape, -1)
+
+
 class QuantGatedLinear(nn.Module):
     """``act(gate(x)) * up(x)`` of a quantized gate/up projection in one kernel call: rows are
     packed 16 gate then the matching 16 up at a time (see :class:`Bf16GatedLinear`)."""

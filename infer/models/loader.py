@@ -7,6 +7,7 @@ GGUF tensors are dequantized one by one, so there is never a second full copy in
 
 from __future__ import annotations
 
+import ctypes
 import json
 import re
 from collections.abc import Iterable, Iterator
@@ -209,9 +210,23 @@ def _create(
     where: Path,
 ) -> CausalLM:
     try:
-        return create_model(config, weights, dtype=dtype, device=device)
+        model = create_model(config, weights, dtype=dtype, device=device)
     except ValueError as e:
         raise LoadError(f"{where}: {e}") from e
+    _release_freed_memory()
+    return model
+
+
+def _release_freed_memory() -> None:
+    """Hand the load's freed transients (dequantized and unpacked copies) back to the OS.
+
+    glibc keeps them otherwise: the 1.5B Qwen GGUF held 2.9 GB resident after loading, 2.1 GB
+    after ``malloc_trim``. A no-op where the C library is not glibc.
+    """
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def _safetensors_files(path: Path) -> list[Path]:

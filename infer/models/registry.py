@@ -11,7 +11,7 @@ from infer.models.base import CausalLM
 from infer.models.config import ModelConfig
 from infer.models.gemma3 import Gemma3ForCausalLM
 from infer.models.layers import Attention, GatedMLP
-from infer.models.linear import QuantLinear, quant_kernels
+from infer.models.linear import QuantEmbedding, QuantLinear, quant_kernels
 from infer.models.llama import LlamaForCausalLM
 from infer.models.quant import QuantTensor
 from infer.models.qwen2 import Qwen2ForCausalLM
@@ -85,8 +85,12 @@ def create_model(
                 _set_quantized(model, module_name, module, tensor, dtype)
                 seen.add(name)
                 continue
-            if keep and name == "model.embed_tokens.weight" and config.tie_word_embeddings:
-                model.quant_head = tensor  # the tied head reads it quantized
+            if keep and name == "model.embed_tokens.weight":
+                if config.tie_word_embeddings:
+                    model.quant_head = tensor  # the tied head reads it quantized
+                model.model.embed_tokens = QuantEmbedding(tensor, dtype)
+                seen.add(name)
+                continue
             tensor = tensor.dequantize()
         value = nn.Parameter(tensor.to(device=device, dtype=dtype), requires_grad=False)
         setattr(module, attr, value)
