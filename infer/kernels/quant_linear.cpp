@@ -144,9 +144,9 @@ struct Out {
   Act act;
 };
 
-// The 16 columns' 64-byte weight vector of k step `step` (four k's) in column block `b`.
+// The 16 columns' 64-byte weight vector of k step `step` (four k's) from a column block's q.
 template <int Bits>
-inline __m512i weights(const Layout& l, const uint8_t* q, int64_t step) {
+inline __m512i weights(const uint8_t* q, int64_t step) {
   if constexpr (Bits == 8) {
     return _mm512_loadu_si512(q + step * 64);
   } else {
@@ -169,7 +169,7 @@ void tile(const Layout& l, int64_t b0, const QuantX& x, int64_t r0, const Out& o
   for (int c = 0; c < C; ++c) {
     q[c] = l.q + (b0 + c) * l.q_block;
     sc[c] = l.sc + (b0 + c) * l.sc_block;
-    sup[c] = l.sup + (b0 + c) * l.sup_block * 1;
+    sup[c] = l.sup + (b0 + c) * l.sup_block;
   }
   const int32_t* xq[R];
   for (int r = 0; r < R; ++r) xq[r] = reinterpret_cast<const int32_t*>(&x.q[(r0 + r) * x.k]);
@@ -202,7 +202,7 @@ void tile(const Layout& l, int64_t b0, const QuantX& x, int64_t r0, const Out& o
       for (int c = 0; c < C; ++c) {
         _mm_prefetch(reinterpret_cast<const char*>(q[c]) + (step0 + st) * 8 * Bits + kAhead,
                      _MM_HINT_T1);
-        wv[c] = weights<Bits>(l, q[c], step0 + st);
+        wv[c] = weights<Bits>(q[c], step0 + st);
       }
       for (int r = 0; r < R; ++r) {
         const __m512i xb = _mm512_set1_epi32(xq[r][step0 + st]);

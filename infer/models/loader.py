@@ -144,8 +144,8 @@ def load_gguf(
     checkpoint = GGUFCheckpoint(path)
     config = _model_config(checkpoint.config, path)
     tokenizer = checkpoint.tokenizer()
-    dense = checkpoint.weights()
-    tensors = _quantized(checkpoint.quantized_weights() if weights == "auto" else dense, weights)
+    read = checkpoint.quantized_weights if weights == "auto" else checkpoint.weights
+    tensors = _quantized(read(), weights)
     model = _create(config, tensors, dtype, device, path)
     eos = eos_token_ids(checkpoint.generation_config["eos_token_id"], tokenizer.eos_token_id)
     return LoadedModel(

@@ -10,13 +10,13 @@ installed (``pip install 'infer[qwen05]'`` or ``'infer[qwen15]'``).
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from infer.models.cache import cache_dir
+from infer.models.default import package_file
 from infer.models.errors import LoadError
 
 
@@ -83,11 +83,8 @@ def assemble(name: str) -> Path:
 def _parts(name: str, spec: PackagedModel) -> list[Path]:
     paths = []
     for i in range(1, spec.parts + 1):
-        found = importlib.util.find_spec(f"{spec.package}{i}")
-        data = None
-        if found is not None and found.submodule_search_locations:
-            data = Path(list(found.submodule_search_locations)[0]) / "data" / f"part{i:02d}.bin"
-        if data is None or not data.is_file():
+        data = package_file(f"{spec.package}{i}", f"data/part{i:02d}.bin")
+        if data is None:
             raise LoadError(
                 f"model {name!r} is not installed; run: pip install 'infer[{spec.extra}]'"
             )

@@ -61,12 +61,6 @@ class QuantTensor:
         offset = (m * self.offset.float()).repeat_interleave(g, dim=1)
         return (scale * self.u.float() - offset).to(dtype)
 
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the packed form."""
-        n, k = self.shape
-        return _HEADER + n * k * self.bits // 8 + self.scale.numel() * 2 + self.d.numel() * 4
-
 
 def concat(parts: list[QuantTensor]) -> QuantTensor:
     """The rows of ``parts`` in one tensor, in a layout that holds each exactly (see

@@ -7,11 +7,12 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from infer import kernels
 from infer.models.base import CausalLM
 from infer.models.config import ModelConfig
 from infer.models.gemma3 import Gemma3ForCausalLM
 from infer.models.layers import Attention, GatedMLP
-from infer.models.linear import QuantEmbedding, QuantLinear, quant_kernels
+from infer.models.linear import QuantEmbedding, QuantLinear
 from infer.models.llama import LlamaForCausalLM
 from infer.models.quant import QuantTensor
 from infer.models.qwen2 import Qwen2ForCausalLM
@@ -80,7 +81,7 @@ def create_model(
         module_name, _, attr = name.rpartition(".")
         module = model.get_submodule(module_name)
         if isinstance(tensor, QuantTensor):
-            keep = quant_kernels() and str(device) == "cpu"
+            keep = kernels.has_quant() and str(device) == "cpu"
             if keep and isinstance(module, nn.Linear | QuantLinear) and attr == "weight":
                 _set_quantized(model, module_name, module, tensor, dtype)
                 seen.add(name)

@@ -26,6 +26,23 @@ from infer.bench.workloads import (
     build_workloads,
 )
 
+# A report's metadata, as the bench writes it (the fields the report text reads).
+META = {
+    "date": "2025-01-01T00:00:00",
+    "host": "h",
+    "model": "m",
+    "dtype": "bfloat16",
+    "cpu": "c",
+    "cpu_count": 2,
+    "torch": "t",
+    "torch_threads": 2,
+    "scale": "smoke",
+    "seed": 0,
+    "load_average": [0.0],
+    "command": "infer bench",
+    "notes": [],
+}
+
 
 def _feed_all(chunks: list[bytes]) -> list[SSEEvent]:
     parser = SSEParser()
@@ -247,21 +264,7 @@ def test_markdown_marks_missing_values() -> None:
         "ratio_vs_sequential": 1.0,
     }
     report = {
-        "meta": {
-            "date": "2025-01-01T00:00:00",
-            "host": "h",
-            "model": "m",
-            "dtype": "bfloat16",
-            "cpu": "c",
-            "cpu_count": 2,
-            "torch": "t",
-            "torch_threads": 2,
-            "scale": "smoke",
-            "seed": 0,
-            "load_average": [0.0],
-            "command": "infer bench",
-            "notes": [],
-        },
+        "meta": META,
         "workloads": [{"name": "W1", "description": "one", "levels": [1]}],
         "runs": [run],
         "unavailable": [{"system": "llama.cpp", "reason": "not installed"}],
@@ -304,22 +307,7 @@ def test_ratio_against_vllm_in_json_and_markdown() -> None:
     assert infer_chat["ratio_vs_vllm"] is None  # vLLM did not run chat64
     assert infer_sweep["ratio_vs_vllm"] == {"output_tok_s": 2.0, "ttft_p95": 0.5}
     report = {
-        "meta": {
-            "date": "2025-01-01T00:00:00",
-            "host": "h",
-            "model": "m",
-            "dtype": "bfloat16",
-            "cpu": "c",
-            "cpu_count": 2,
-            "torch": "t",
-            "torch_threads": 2,
-            "scale": "smoke",
-            "seed": 0,
-            "load_average": [0.0],
-            "command": "infer bench",
-            "notes": [],
-            "startup_s": {"vllm": 95.25},
-        },
+        "meta": META | {"startup_s": {"vllm": 95.25}},
         "workloads": [
             {"name": "W2", "description": "two", "levels": [1]},
             {"name": "chat64", "description": "chat", "levels": [64]},
