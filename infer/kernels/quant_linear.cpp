@@ -3,7 +3,9 @@
 // A weight is one uint8 tensor (packed by infer/models/quant.py): a 64-byte header, then
 //   q    per 16 output columns, every k: unsigned 8-bit values [K/4][16][4] (four k's of a
 //        column in one 32-bit lane, VPDPBUSD's operand), or 4-bit values [K/8][16][4] whose
-//        low nibbles are k 0-3 and high nibbles k 4-7 of each eight;
+//        low nibbles are k 0-3 and high nibbles k 4-7 of each eight, or 6-bit values: per
+//        sixteen k's their low nibbles as the 4-bit layout has them, then [16][4] bytes
+//        holding the top two bits of k 0-3 (bits 0-1), 4-7 (bits 2-3) ... 12-15 (bits 6-7);
 //   sc   per 16 columns and group of G k's (16 or 32): int8 scale s and int8 offset o [2][16];
 //   sup  per 16 columns and superblock of S groups: fp16 D and M [2][16].
 // The weight is w = D*s*u - M*o: Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 (S = 1, s = o = 1), Q4_K/Q5_K (S =
@@ -66,7 +68,7 @@ Layout layout_of(const at::Tensor& w) {
   l.supers_every = h[3];
   l.n = h[4];
   l.k = h[5];
-  TORCH_CHECK((l.bits == 4 || l.bits == 8) && (l.group == 16 || l.group == 32) &&
+  TORCH_CHECK((l.bits == 4 || l.bits == 6 || l.bits == 8) && (l.group == 16 || l.group == 32) &&
                   l.n % kLanes == 0 && l.k % 32 == 0 && l.supers_every > 0,
               "unsupported quantized layout");
   l.groups = l.k / l.group;
@@ -147,13 +149,25 @@ struct Out {
 // The 16 columns' 64-byte weight vector of k step `step` (four k's) from a column block's q.
 template <int Bits>
 inline __m512i weights(const uint8_t* q, int64_t step) {
+  const __m512i nib = _mm512_set1_epi8(0x0F);
   if constexpr (Bits == 8) {
     return _mm512_loadu_si512(q + step * 64);
-  } else {
+  } else if constexpr (Bits == 4) {
     const __m512i v = _mm512_loadu_si512(q + (step >> 1) * 64);
-    const __m512i nib = _mm512_set1_epi8(0x0F);
     return (step & 1) ? _mm512_and_si512(_mm512_srli_epi16(v, 4), nib)
                       : _mm512_and_si512(v, nib);
+  } else {  // 6 bits: 192 bytes per four steps
+    const uint8_t* quad = q + (step >> 2) * 192;
+    const __m512i v = _mm512_loadu_si512(quad + ((step >> 1) & 1) * 64);
+    const __m512i low = (step & 1) ? _mm512_and_si512(_mm512_srli_epi16(v, 4), nib)
+                                   : _mm512_and_si512(v, nib);
+    // this step's two top bits to bits 4-5 of each byte (16-bit shifts: the mask drops
+    // what crosses from the neighbouring byte)
+    const __m512i tops = _mm512_loadu_si512(quad + 128);
+    const int shift = 2 * static_cast<int>(step & 3);
+    const __m512i high = shift <= 4 ? _mm512_slli_epi16(tops, 4 - shift)
+                                    : _mm512_srli_epi16(tops, shift - 4);
+    return _mm512_or_si512(low, _mm512_and_si512(high, _mm512_set1_epi8(0x30)));
   }
 }
 
@@ -185,14 +199,6 @@ void tile(const Layout& l, int64_t b0, const QuantX& x, int64_t r0, const Out& o
             reinterpret_cast<const __m256i*>(sup[c] + s * 2 * kLanes + kLanes)));
       }
     }
-    __m512 sv[C], ov[C];
-    for (int c = 0; c < C; ++c) {
-      const int8_t* s = sc[c] + g * 2 * kLanes;
-      sv[c] = _mm512_mul_ps(dv[c], _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-                                       _mm_loadu_si128(reinterpret_cast<const __m128i*>(s)))));
-      ov[c] = _mm512_mul_ps(mv[c], _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
-                                       reinterpret_cast<const __m128i*>(s + kLanes)))));
-    }
     __m512i dot[R][C];
     for (int r = 0; r < R; ++r)
       for (int c = 0; c < C; ++c) dot[r][c] = _mm512_setzero_si512();
@@ -208,6 +214,15 @@ void tile(const Layout& l, int64_t b0, const QuantX& x, int64_t r0, const Out& o
         const __m512i xb = _mm512_set1_epi32(xq[r][step0 + st]);
         for (int c = 0; c < C; ++c) dot[r][c] = _mm512_dpbusd_epi32(dot[r][c], wv[c], xb);
       }
+    }
+    // the group's scales after its dot products: fewer registers live across that loop
+    __m512 sv[C], ov[C];
+    for (int c = 0; c < C; ++c) {
+      const int8_t* s = sc[c] + g * 2 * kLanes;
+      sv[c] = _mm512_mul_ps(dv[c], _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                                       _mm_loadu_si128(reinterpret_cast<const __m128i*>(s)))));
+      ov[c] = _mm512_mul_ps(mv[c], _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
+                                       reinterpret_cast<const __m128i*>(s + kLanes)))));
     }
     for (int r = 0; r < R; ++r) {
       const __m512 da = _mm512_set1_ps(x.d[(r0 + r) * x.groups + g]);
@@ -252,6 +267,8 @@ template <int Bits, int G, int C>
 void rows_tile(int64_t rows, const Layout& l, int64_t b0, const QuantX& x, int64_t r0,
                const Out& o) {
   switch (rows) {
+    case 6: return tile<Bits, G, 6, C>(l, b0, x, r0, o, r0);
+    case 5: return tile<Bits, G, 5, C>(l, b0, x, r0, o, r0);
     case 4: return tile<Bits, G, 4, C>(l, b0, x, r0, o, r0);
     case 3: return tile<Bits, G, 3, C>(l, b0, x, r0, o, r0);
     case 2: return tile<Bits, G, 2, C>(l, b0, x, r0, o, r0);
@@ -310,6 +327,9 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight,
       if (l.bits == 4) {
         if (l.group == 32) run_item<4, 32>(nr, l, b0, nblocks, qx, r, o);
         else run_item<4, 16>(nr, l, b0, nblocks, qx, r, o);
+      } else if (l.bits == 6) {
+        if (l.group == 32) run_item<6, 32>(nr, l, b0, nblocks, qx, r, o);
+        else run_item<6, 16>(nr, l, b0, nblocks, qx, r, o);
       } else {
         if (l.group == 32) run_item<8, 32>(nr, l, b0, nblocks, qx, r, o);
         else run_item<8, 16>(nr, l, b0, nblocks, qx, r, o);

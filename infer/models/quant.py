@@ -1,13 +1,13 @@
-"""Quantized weights kept quantized: GGUF blocks in two packed layouts, read by one kernel.
+"""Quantized weights kept quantized: GGUF blocks in three packed layouts, read by one kernel.
 
 Every GGUF type we keep is one formula, ``w = D*s*u - M*o``, with the file's own numbers:
 
-- ``u``: an unsigned 4-bit or 8-bit value per weight;
+- ``u``: an unsigned 4-, 6- or 8-bit value per weight;
 - ``s``, ``o``: int8 scale and offset per group of ``G`` weights (32, or 16 for Q6_K);
 - ``D``, ``M``: float16 per superblock of ``S`` groups (one group for the legacy types).
 
 So Q4_0 is ``d*u - 8d`` (s = o = 1, M = 8d), Q4_1 ``d*u + m``, Q5_0/Q5_1 the same with 5-bit
-``u`` held in 8 bits, Q8_0 ``d*(u - 128)``, Q4_K/Q5_K ``d*sc*u - dmin*m`` with their 6-bit
+``u`` held in 6 bits, Q8_0 ``d*(u - 128)``, Q4_K/Q5_K ``d*sc*u - dmin*m`` with their 6-bit
 sub-block scales and minimums, and Q6_K ``d*sc*(u - 32)`` (o = s, M = 32d). Each product is
 exact in float32, so :func:`dequantize` gives back what ``gguf`` dequantizes, bit for bit.
 
@@ -39,7 +39,7 @@ class QuantTensor:
     offset: torch.Tensor  # int8 [N, K / group]
     d: torch.Tensor  # float16 [N, supers]
     m: torch.Tensor  # float16 [N, supers]
-    bits: int  # 4 or 8: how u is stored
+    bits: int  # 4, 6 or 8: how u is stored
     group: int  # 16 or 32
     supers_every: int  # groups per superblock
 
@@ -118,11 +118,21 @@ def pack(t: QuantTensor) -> torch.Tensor:
     n, k = t.shape
     if n % LANES or k % 32:
         raise ValueError(f"a quantized linear needs N % 16 == 0 and K % 32 == 0, got {n}x{k}")
+    if int(t.u.max()) >> t.bits:
+        raise ValueError(f"values do not fit the {t.bits}-bit layout")
     blocks = n // LANES
-    u = t.u.view(blocks, LANES, k // 4, 4).permute(0, 2, 1, 3)  # [B, K/4, 16, 4]
+    u = t.u.view(blocks, LANES, k // 4, 4).permute(0, 2, 1, 3)  # [B, K/4, 16, 4]: steps
     if t.bits == 4:
-        u = u.reshape(blocks, k // 8, 2, LANES, 4)  # steps 2j (low nibble) and 2j+1 (high)
+        u = u.reshape(blocks, k // 8, 2, LANES * 4)  # steps 2j (low nibble) and 2j+1 (high)
         u = u[:, :, 0] | (u[:, :, 1] << 4)
+    elif t.bits == 6:
+        # Per four steps: their low nibbles as in the 4-bit layout (two vectors), then one
+        # vector of their high two bits (step j's in bits 2j, 2j + 1).
+        u = u.reshape(blocks, k // 16, 4, LANES * 4)
+        lo, hi = u & 15, u >> 4
+        nibbles = lo[:, :, 0::2] | (lo[:, :, 1::2] << 4)
+        tops = hi[:, :, 0] | (hi[:, :, 1] << 2) | (hi[:, :, 2] << 4) | (hi[:, :, 3] << 6)
+        u = torch.cat([nibbles, tops.unsqueeze(2)], dim=2)
     q = u.contiguous().view(-1)
     groups = k // t.group
     sc = torch.stack([t.scale, t.offset], dim=1)  # [N, 2, groups]
@@ -211,13 +221,13 @@ def _q4_1(b: np.ndarray) -> Decoded:
 def _q5_0(b: np.ndarray) -> Decoded:
     d = _f16(b[:, :2])
     u = _nibbles(b[:, 6:]) | _high_bits(b[:, 2:6])
-    return u, _ones(len(b)), _ones(len(b)), d, d * np.float16(16), 8, 32, 1
+    return u, _ones(len(b)), _ones(len(b)), d, d * np.float16(16), 6, 32, 1
 
 
 def _q5_1(b: np.ndarray) -> Decoded:
     d, m = _f16(b[:, :2]), _f16(b[:, 2:4])
     u = _nibbles(b[:, 8:]) | _high_bits(b[:, 4:8])
-    return u, _ones(len(b)), _ones(len(b)), d, -m, 8, 32, 1
+    return u, _ones(len(b)), _ones(len(b)), d, -m, 6, 32, 1
 
 
 def _q8_0(b: np.ndarray) -> Decoded:
@@ -245,7 +255,7 @@ def _q5_k(b: np.ndarray) -> Decoded:
     ql = qs.reshape(-1, 4, 1, 32) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)
     hi = qh.reshape(-1, 1, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 1, 8, 1)
     u = ((ql & 0x0F).reshape(-1, 8, 32) | ((hi & 1).reshape(-1, 8, 32) << 4)).reshape(-1, 256)
-    return u, sc, mn, d, dmin, 8, 32, 8
+    return u, sc, mn, d, dmin, 6, 32, 8
 
 
 def _q6_k(b: np.ndarray) -> Decoded:
@@ -254,7 +264,7 @@ def _q6_k(b: np.ndarray) -> Decoded:
     hi = qh.reshape(-1, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)
     u = ((lo & 0x0F).reshape(-1, 8, 32) | ((hi & 0x03).reshape(-1, 8, 32) << 4)).reshape(-1, 256)
     sc = np.ascontiguousarray(scales).view(np.int8)
-    return u, sc, sc, d, d * np.float16(32), 8, 16, 16
+    return u, sc, sc, d, d * np.float16(32), 6, 16, 16
 
 
 _DECODE = {

@@ -43,6 +43,36 @@ def test_every_kept_gguf_type_holds_the_files_own_numbers(qtype: QT) -> None:
     assert torch.equal(kept.dequantize(), expected)  # bit for bit
 
 
+@pytest.mark.parametrize(
+    ("qtype", "bits"),
+    [
+        (QT.Q4_0, 4),
+        (QT.Q4_K, 4),
+        (QT.Q5_0, 6),
+        (QT.Q5_1, 6),
+        (QT.Q5_K, 6),
+        (QT.Q6_K, 6),
+        (QT.Q8_0, 8),
+    ],
+    ids=lambda v: getattr(v, "name", str(v)),
+)
+def test_values_are_packed_in_as_few_bits_as_hold_them(qtype: QT, bits: int) -> None:
+    """5- and 6-bit values take 6 bits a weight, not 8: fewer bytes read per token."""
+    n, k = 32, 512
+    kept = quant.from_gguf(qtype, _blocks(qtype, n, k, np.random.default_rng(4)), (n, k))
+    assert kept is not None and kept.bits == bits
+    packed = quant.pack(kept)
+    scales = n * k // kept.group * 2 + n * k // (kept.group * kept.supers_every) * 4
+    assert packed.numel() <= 64 + n * k * bits // 8 + scales + 128  # header, alignment
+
+
+def test_a_layout_too_narrow_for_its_values_is_refused() -> None:
+    kept = quant.from_gguf(QT.Q8_0, _blocks(QT.Q8_0, 16, 64, np.random.default_rng(5)), (16, 64))
+    assert kept is not None
+    with pytest.raises(ValueError, match="do not fit"):
+        quant.pack(QuantTensor(kept.u, kept.scale, kept.offset, kept.d, kept.m, 6, 32, 1))
+
+
 def test_other_types_are_not_kept() -> None:
     raw = np.zeros((4, 64), dtype=np.float32)
     assert quant.from_gguf(QT.F32, raw, (4, 64)) is None
