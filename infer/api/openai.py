@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from infer.api.chat import ReplyParser
 from infer.engine.request import ErrorCode, FinishReason, StepOutput
 
 
@@ -44,10 +45,16 @@ class Head:
         return "chat.completion.chunk" if self.chat else "text_completion"
 
 
-def finish_reason(outcome: FinishReason | ErrorCode) -> str | None:
-    """The ``finish_reason`` a choice that ended so reports; ``None`` for an error."""
+def finish_reason(
+    outcome: FinishReason | ErrorCode, reply: ReplyParser | None = None
+) -> str | None:
+    """The ``finish_reason`` a choice that ended so reports; ``None`` for an error. A reply
+    that ended by itself after complete tool calls finishes with ``tool_calls``; one cut
+    short (``length``) does not, whatever it had begun."""
     if isinstance(outcome, ErrorCode):
         return "length" if outcome is ErrorCode.TIMEOUT else None
+    if outcome is not FinishReason.LENGTH and reply is not None and reply.calls:
+        return "tool_calls"
     return "stop" if outcome is FinishReason.EOS else outcome.value
 
 
@@ -79,16 +86,29 @@ def opening(head: Head, choices: int, echo: Sequence[str] | None) -> list[dict[s
     return [chunk(head, i, text) for i, text in enumerate(echo or [])]
 
 
-def output_chunks(head: Head, index: int, out: StepOutput) -> list[dict[str, Any]]:
+def output_chunks(
+    head: Head, index: int, out: StepOutput, reply: ReplyParser | None = None
+) -> list[dict[str, Any]]:
     """The chunks of one output: its text (with log-probabilities), then, on a choice's last
-    output, its finish. An output that ends in an error gives an error object instead."""
+    output, its finish. An output that ends in an error gives an error object instead.
+
+    A chat reply read by ``reply`` (reasoning, tool calls) gives what that parser makes of
+    the text: reasoning, content and tool-call deltas, and ``tool_calls`` as the finish of
+    a reply that made calls.
+    """
     chunks = []
     logprobs = logprobs_of(head, [out]) if out.logprobs is not None else None
-    if out.text_delta or logprobs is not None:
-        delta = {"content": out.text_delta} if head.chat else out.text_delta
-        chunks.append(chunk(head, index, delta, logprobs=logprobs))
+    if reply is not None:
+        parsed = reply.feed(out.text_delta)
+        if out.outcome is not None:
+            parsed.extend(reply.finish())
+        delta: dict[str, Any] | str = parsed.as_openai()
+    else:
+        delta = {"content": out.text_delta} if head.chat and out.text_delta else out.text_delta
+    if delta or logprobs is not None:
+        chunks.append(chunk(head, index, delta or ({} if head.chat else ""), logprobs=logprobs))
     if out.outcome is not None:
-        reason = finish_reason(out.outcome)
+        reason = finish_reason(out.outcome, reply)
         if reason is None:
             assert isinstance(out.outcome, ErrorCode)  # only errors have no finish reason
             chunks.append(error_chunk(out.outcome, out.message))
@@ -118,6 +138,25 @@ class Choice:
     text: str
     finish_reason: str | None
     outputs: list[StepOutput]  # those with log-probabilities
+    reply: ReplyParser | None = None  # a chat reply's reasoning and tool calls, read
+
+
+def message(c: Choice) -> dict[str, Any]:
+    """The assistant message of a chat choice: content (``null`` when the reply is only
+    tool calls), its complete tool calls, and its reasoning in both fields clients read."""
+    if c.reply is None:
+        return {"role": "assistant", "content": c.text}
+    calls = c.reply.calls
+    content = c.reply.content
+    msg: dict[str, Any] = {"role": "assistant", "content": content or (None if calls else "")}
+    if calls:
+        msg["tool_calls"] = [
+            {"id": k.id, "type": "function", "function": {"name": k.name, "arguments": k.arguments}}
+            for k in calls
+        ]
+    if c.reply.reasoning:
+        msg["reasoning_content"] = msg["reasoning"] = c.reply.reasoning
+    return msg
 
 
 def body(
@@ -127,9 +166,7 @@ def body(
     items = []
     for index, c in enumerate(choices):
         text = (echo[index] if echo is not None else "") + c.text
-        content: dict[str, Any] = (
-            {"message": {"role": "assistant", "content": text}} if head.chat else {"text": text}
-        )
+        content: dict[str, Any] = {"message": message(c)} if head.chat else {"text": text}
         lps = logprobs_of(head, c.outputs) if head.top_logprobs is not None else None
         items.append({"index": index, **content, "logprobs": lps, "finish_reason": c.finish_reason})
     result = head._fields("chat.completion" if head.chat else "text_completion")

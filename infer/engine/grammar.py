@@ -107,6 +107,21 @@ class GrammarCompiler:
             raise GrammarError(f"cannot compile the JSON schema: {message}") from None
         return Grammar(compiled, "json_schema")
 
+    def structural_tag(self, tag: dict[str, Any], description: str) -> Grammar:
+        """A grammar for an xgrammar structural tag (its JSON form): text and tagged JSON
+        in a given order, e.g. a reasoning block then tool calls that fit their schemas.
+
+        Raises:
+            GrammarError: A schema in it is invalid or unsupported.
+        """
+        try:
+            with self._lock:
+                compiled = self._compiler.compile_structural_tag(json.dumps(tag))
+        except Exception as e:  # noqa: BLE001 - xgrammar raises several types
+            message = str(e).splitlines()[0][:300] if str(e) else type(e).__name__
+            raise GrammarError(f"cannot compile the grammar: {message}") from None
+        return Grammar(compiled, description)
+
 
 def allocate_bitmask(rows: int, vocab_size: int) -> torch.Tensor:
     """A ``[rows, ceil(V / 32)]`` int32 bitmask (one bit per token), all allowed."""

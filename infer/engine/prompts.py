@@ -27,14 +27,18 @@ def render_chat(
     tokenizer: PreTrainedTokenizerBase,
     turns: Sequence[Mapping[str, Any]],
     add_generation_prompt: bool = True,
+    tools: Sequence[Mapping[str, Any]] | None = None,
+    template_kwargs: Mapping[str, Any] | None = None,
 ) -> str:
     """The prompt text of a conversation through the tokenizer's chat template.
 
     Args:
         tokenizer: The model's tokenizer.
-        turns: ``{"role", "content"}`` messages; OpenAI's ``developer`` role is the
-            templates' ``system``.
+        turns: ``{"role", "content"}`` messages (and ``tool_calls``, ``tool_call_id``);
+            OpenAI's ``developer`` role is the templates' ``system``.
         add_generation_prompt: End with the opening of an assistant turn.
+        tools: Function tools in OpenAI's shape, for a template that renders them.
+        template_kwargs: Variables for the template (``enable_thinking``...).
 
     Raises:
         PromptError: No messages, no chat template, or the template refuses them.
@@ -47,8 +51,10 @@ def render_chat(
     try:
         text = tokenizer.apply_chat_template(
             [dict(t) for t in turns],  # type: ignore[misc]  # transformers' narrow annotation
+            tools=[dict(t) for t in tools] if tools else None,
             add_generation_prompt=add_generation_prompt,
             tokenize=False,
+            **{k: v for k, v in (template_kwargs or {}).items() if k not in _RESERVED},
         )
     except Exception as e:  # noqa: BLE001 - the template refuses the conversation
         raise PromptError(
@@ -57,12 +63,22 @@ def render_chat(
     return str(text)
 
 
+# apply_chat_template's own arguments: not template variables a client may set
+_RESERVED = frozenset(
+    {"conversation", "tools", "documents", "tokenize", "add_generation_prompt", "chat_template"}
+    | {"continue_final_message", "return_dict", "return_tensors", "padding", "truncation"}
+    | {"max_length", "return_assistant_tokens_mask", "tokenizer_kwargs"}
+)
+
+
 def encode_prompt(
     tokenizer: PreTrainedTokenizerBase,
     vocab_size: int,
     prompt: str | Sequence[int] | None = None,
     turns: Sequence[Mapping[str, Any]] | None = None,
     *,
+    tools: Sequence[Mapping[str, Any]] | None = None,
+    template_kwargs: Mapping[str, Any] | None = None,
     add_generation_prompt: bool = True,
     add_special_tokens: bool = False,
     max_bytes: int | None = None,
@@ -75,6 +91,8 @@ def encode_prompt(
         vocab_size: Ids must lie in ``[0, vocab_size)``.
         prompt: Text, or token ids.
         turns: A conversation, rendered by :func:`render_chat` (instead of ``prompt``).
+        tools: With ``turns``: tools for the template to render.
+        template_kwargs: With ``turns``: the template's variables.
         add_generation_prompt: With ``turns``: open an assistant turn at the end.
         add_special_tokens: Let the tokenizer add its special tokens to text (BOS).
         max_bytes: Longest prompt text in UTF-8 bytes (ids count as their decoded text).
@@ -84,7 +102,7 @@ def encode_prompt(
         PromptError: Empty, too large, or ids outside the vocabulary.
     """
     if turns is not None:
-        text = render_chat(tokenizer, turns, add_generation_prompt)
+        text = render_chat(tokenizer, turns, add_generation_prompt, tools, template_kwargs)
     elif isinstance(prompt, str):
         text = prompt
     else:

@@ -105,7 +105,6 @@ class ErrorCode(StrEnum):
         "prompt + max_tokens exceed the context length",
     )
     MODEL_NOT_FOUND = "model_not_found", 422, False, "that model is not served here"
-    TOOLS_UNSUPPORTED = "tools_unsupported", 422, False, "tool calls are not supported"
     RATE_LIMITED = "rate_limited", 429, True, "rate limit exceeded"
     INTERNAL_ERROR = "internal_error", 500, False, "internal server error"
     QUEUE_FULL = "queue_full", 503, True, "the server is busy; retry shortly"

@@ -17,6 +17,9 @@ import trio
 from pydantic import BaseModel, ValidationError
 from quart import request
 
+from infer.api import tools
+from infer.api.reasoning import Thinking, thinking, with_reasoning
+from infer.api.tools import ToolPlan
 from infer.engine.engine import Engine, QueueFullError
 from infer.engine.prompts import PromptError, encode_prompt
 from infer.engine.request import ErrorCode, TraceSpec
@@ -82,17 +85,56 @@ def check_model(state: ServerState, model: str | None) -> None:
         )
 
 
-def turns(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
-    """Chat messages as the template takes them."""
-    return [{"role": m.role, "content": m.text()} for m in messages]
+def turns(messages: Sequence[ChatMessage], plan: ToolPlan | None = None) -> list[dict[str, Any]]:
+    """Chat messages as the template takes them. A template that knows no tools gets them
+    described in the system message, earlier calls written out in the assistant's turns and
+    tool results as user turns (:func:`~infer.api.tools.generic_system_prompt`)."""
+    generic = plan is not None and plan.format == "generic"
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        turn: dict[str, Any] = {"role": m.role, "content": m.text()}
+        calls = [(c.id, c.function.name, c.function.arguments_object()) for c in m.tool_calls or []]
+        if calls and generic:
+            written = [tools.call_text("generic", n, json.dumps(a)) for _, n, a in calls]
+            turn["content"] = "\n".join(([turn["content"]] if turn["content"] else []) + written)
+        elif calls:
+            turn["tool_calls"] = [
+                {"id": id_, "type": "function", "function": {"name": name, "arguments": args}}
+                for id_, name, args in calls
+            ]
+        if m.role == "tool" and generic:
+            response = f"<tool_response>\n{turn['content']}\n</tool_response>"
+            turn = {"role": "user", "content": response}
+        elif m.role == "tool":
+            turn["tool_call_id"] = m.tool_call_id
+            if m.name:
+                turn["name"] = m.name
+        out.append(turn)
+    if generic:
+        assert plan is not None
+        described = tools.generic_system_prompt(plan.tools)
+        if out and out[0]["role"] in ("system", "developer"):
+            out[0] = {**out[0], "content": f"{out[0]['content']}\n\n{described}"}
+        else:
+            out.insert(0, {"role": "system", "content": described})
+    return out
 
 
 @dataclass(frozen=True)
 class Prompt:
-    """One prompt of a request: text or token ids, or a conversation."""
+    """One prompt of a request: text or token ids, or a conversation (with the tools it
+    offers and the template's variables)."""
 
     text: str | list[int] | None = None
     messages: Sequence[ChatMessage] | None = None
+    plan: ToolPlan | None = None
+    template_kwargs: dict[str, Any] | None = None
+
+    def template_tools(self) -> list[dict[str, Any]] | None:
+        """The tools the chat template renders itself (not for a generic template)."""
+        if self.plan is None or self.plan.format == "generic":
+            return None
+        return [t.as_openai() for t in self.plan.tools]
 
 
 async def encode(
@@ -118,7 +160,9 @@ async def encode(
                 tokenizer,
                 vocab,
                 p.text,
-                turns(p.messages) if p.messages is not None else None,
+                turns(p.messages, p.plan) if p.messages is not None else None,
+                tools=p.template_tools(),
+                template_kwargs=p.template_kwargs,
                 add_generation_prompt=add_generation_prompt,
                 add_special_tokens=add_special_tokens,
                 max_bytes=max_bytes,
@@ -134,27 +178,45 @@ async def encode(
 
 
 async def compile_format(
-    state: ServerState, engine: Engine, fields: SamplingFields
+    state: ServerState,
+    engine: Engine,
+    fields: SamplingFields,
+    plan: ToolPlan | None = None,
+    thinking: Thinking | None = None,
 ) -> Grammar | None:
-    """The grammar a request's ``response_format`` asks for; ``None`` for free text.
+    """The grammar a request asks for; ``None`` for free text.
+
+    Tool calls (``plan``) get a lazy grammar: free text until the model opens a call, then
+    the call must fit its tool's schema (``required`` and named choices: calls from the
+    first token). ``response_format`` gets its JSON schema. Either comes after a free
+    reasoning block when the reply may think.
 
     The compiler (building it reads the whole vocabulary) is made by the first structured
     request; compiling runs in a thread.
 
     Raises:
-        APIError: ``INVALID_SCHEMA`` when the schema cannot be compiled.
+        APIError: ``INVALID_SCHEMA`` when a schema cannot be compiled.
     """
     schema = fields.json_schema()
-    if schema is None:
+    if schema is None and plan is None:
         return None
     from infer.engine.grammar import GrammarError  # xgrammar takes seconds to import
 
     if state.compiler is None:
         state.compiler = await trio.to_thread.run_sync(_new_compiler, engine)
+    compiler = state.compiler
     try:
-        return await trio.to_thread.run_sync(state.compiler.json_schema, schema)
+        if plan is not None:
+            tag = with_reasoning(tools.answer_format(plan), thinking)
+            return await trio.to_thread.run_sync(compiler.structural_tag, tag, "tool calls")
+        assert schema is not None
+        if thinking is not None:
+            tag = with_reasoning({"type": "json_schema", "json_schema": schema}, thinking)
+            return await trio.to_thread.run_sync(compiler.structural_tag, tag, "json_schema")
+        return await trio.to_thread.run_sync(compiler.json_schema, schema)
     except GrammarError as e:
-        raise APIError(ErrorCode.INVALID_SCHEMA, f"response_format: {e}") from None
+        where = "tools" if plan is not None else "response_format"
+        raise APIError(ErrorCode.INVALID_SCHEMA, f"{where}: {e}") from None
 
 
 def _new_compiler(engine: Engine) -> GrammarCompiler:
@@ -177,10 +239,12 @@ def choice_seed(seed: int | None, index: int) -> int | None:
 
 @dataclass
 class Admitted:
-    """A request the worker has taken: its stream and each prompt's ids."""
+    """A request the worker has taken: its stream, each prompt's ids, and whether a chat
+    reply starts with (or may open) a reasoning block."""
 
     stream: RequestStream
     prompt_ids: list[list[int]]
+    thinking: Thinking | None = None
 
 
 async def admit(
@@ -224,8 +288,9 @@ async def admit(
                 ErrorCode.INVALID_VALUE,
                 f"logit_bias: token ids must be below {engine.model.config.vocab_size}",
             )
-        grammar = await compile_format(state, engine, fields)
         ids = await encode(state, engine, prompts)
+        thinking = _thinking(engine, prompts, ids)
+        grammar = await compile_format(state, engine, fields, prompts[0].plan, thinking)
         choices: list[list[int]] = []
         params: list[SamplingParams] = []
         for prompt in ids:
@@ -256,7 +321,15 @@ async def admit(
     # before its body (or the client left in that instant). Counted as an error.
     if guard:
         on_request_end(cast(MutableMapping[str, Any], request.scope), stream.fail)
-    return Admitted(stream, ids)
+    return Admitted(stream, ids, thinking)
+
+
+def _thinking(engine: Engine, prompts: Sequence[Prompt], ids: list[list[int]]) -> Thinking | None:
+    """How a reply to this conversation may reason (only a chat prompt's reply can)."""
+    if len(prompts) != 1 or prompts[0].messages is None:
+        return None
+    template = getattr(engine.tokenizer, "chat_template", None)
+    return thinking(template, str(engine.tokenizer.decode(ids[0][-8:])))
 
 
 def _max_tokens(engine: Engine, prompt_len: int, limit: int | None, default: int) -> int:

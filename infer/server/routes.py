@@ -20,6 +20,8 @@ from quart import Blueprint, Response, current_app, jsonify, request
 from quart_trio import QuartTrio
 
 from infer.api import native, openai
+from infer.api.chat import ReplyParser
+from infer.api.tools import Mode, Tool, ToolPlan, tool_format
 from infer.engine.request import ErrorCode, StepOutput, TraceSpec
 from infer.engine.sampling import DEFAULT_MAX_TOKENS
 from infer.server import resume, sse
@@ -31,6 +33,7 @@ from infer.server.schemas import (
     DetokenizeRequest,
     GenerateRequest,
     InspectRequest,
+    NamedToolChoice,
     TokenizeRequest,
 )
 from infer.server.state import ServerState, get_state
@@ -106,12 +109,11 @@ async def chat_completions() -> Response:
     arrival = trio.current_time()
     body = await parse_body(ChatCompletionRequest)
     state = get_state()
-    if body.wants_tools():
-        raise APIError(ErrorCode.TOOLS_UNSUPPORTED, _tools_refusal(state))
+    plan = _tool_plan(state, body) if body.wants_tools() else None
     wanted = (body.top_logprobs or 0) if body.logprobs else None
     admitted = await admit(
         state,
-        [Prompt(messages=body.messages)],
+        [Prompt(messages=body.messages, plan=plan, template_kwargs=body.chat_template_kwargs)],
         body,
         arrival=arrival,
         default_max_tokens=DEFAULT_MAX_TOKENS,
@@ -127,7 +129,30 @@ async def chat_completions() -> Response:
         top_logprobs=wanted,
         usage_field=_include_usage(body),
     )
-    return await _respond(state, stream, head, body.stream)
+    thinking = admitted.thinking if body.separate_reasoning else None
+    replies = None
+    if plan is not None or thinking is not None:
+        replies = [ReplyParser(plan, thinking) for _ in stream.choices]
+    return await _respond(state, stream, head, body.stream, replies=replies)
+
+
+def _tool_plan(state: ServerState, body: ChatCompletionRequest) -> ToolPlan:
+    """The request's tools, choice and the call format of the served model's template."""
+    offered = tuple(
+        Tool(
+            t.function.name,
+            t.function.description,
+            t.function.parameters or {"type": "object", "properties": {}},
+        )
+        for t in body.tools or []
+    )
+    choice = body.tool_choice
+    mode: Mode = "required" if choice == "required" else "auto"
+    if isinstance(choice, NamedToolChoice):
+        mode = "forced"
+        offered = tuple(t for t in offered if t.name == choice.function.name)
+    template = getattr(state.engine.tokenizer, "chat_template", None) if state.engine else None
+    return ToolPlan(offered, mode, body.parallel_tool_calls is not False, tool_format(template))
 
 
 def _engine_logprobs(wanted: int | None) -> int:
@@ -138,31 +163,25 @@ def _include_usage(body: CompletionRequest | ChatCompletionRequest) -> bool:
     return bool(body.stream_options and body.stream_options.include_usage)
 
 
-def _tools_refusal(state: ServerState) -> str:
-    """Why ``tools`` is refused: no template here is given tools, no tool call is parsed."""
-    template = getattr(state.engine.tokenizer, "chat_template", None) if state.engine else None
-    why = (
-        "tool calls are not parsed by this server"
-        if template and "tools" in template
-        else f"the chat template of {state.model_name} has no tool support"
-    )
-    return f"tools: {why}"
-
-
 async def _respond(
     state: ServerState,
     stream: RequestStream,
     head: openai.Head,
     streamed: bool,
     echo: list[str] | None = None,
+    replies: list[ReplyParser] | None = None,
 ) -> Response:
     if streamed:
-        return sse.stream_response(_chunks(stream, head, echo, state.config.heartbeat_s))
-    return jsonify(await _collect(stream, head, echo))
+        return sse.stream_response(_chunks(stream, head, echo, state.config.heartbeat_s, replies))
+    return jsonify(await _collect(stream, head, echo, replies))
 
 
 async def _chunks(
-    stream: RequestStream, head: openai.Head, echo: list[str] | None, heartbeat_s: float
+    stream: RequestStream,
+    head: openai.Head,
+    echo: list[str] | None,
+    heartbeat_s: float,
+    replies: list[ReplyParser] | None = None,
 ) -> AsyncIterator[bytes]:
     """``data:`` events until every choice has ended (or one failed), then ``[DONE]``."""
     with stream:
@@ -174,7 +193,8 @@ async def _chunks(
                     yield sse.HEARTBEAT
                     continue
                 index, out = item
-                frames = _frames(openai.output_chunks(head, index, out))
+                reply = replies[index] if replies else None
+                frames = _frames(openai.output_chunks(head, index, out, reply))
             except Exception:  # noqa: BLE001 - the stream must still end with [DONE]
                 log.exception("stream %s failed", stream.id)
                 stream.fail()
@@ -201,7 +221,10 @@ def _failed(out: StepOutput) -> bool:
 
 
 async def _collect(
-    stream: RequestStream, head: openai.Head, echo: list[str] | None
+    stream: RequestStream,
+    head: openai.Head,
+    echo: list[str] | None,
+    replies: list[ReplyParser] | None = None,
 ) -> dict[str, Any]:
     """Run every choice to its end and build the one response body.
 
@@ -211,6 +234,7 @@ async def _collect(
     count = len(stream.choices)
     texts: list[list[str]] = [[] for _ in range(count)]
     choices = [openai.Choice("", None, []) for _ in range(count)]
+    outcomes: list[Any] = [None] * count
     with stream:
         while not stream.finished:
             item = await stream.next()
@@ -223,8 +247,15 @@ async def _collect(
                 if _failed(out):
                     raise APIError(cast(ErrorCode, out.outcome), out.message)
                 choices[index].finish_reason = openai.finish_reason(out.outcome)
-    for choice, text in zip(choices, texts, strict=True):
+                outcomes[index] = out.outcome
+    for index, (choice, text) in enumerate(zip(choices, texts, strict=True)):
         choice.text = "".join(text)
+        if replies:
+            choice.reply = replies[index]
+            choice.reply.feed(choice.text)
+            choice.reply.finish()
+            if choice.finish_reason is not None and choice.reply.calls:
+                choice.finish_reason = openai.finish_reason(outcomes[index], choice.reply)
     return openai.body(head, choices, stream.usage(), echo)
 
 

@@ -9,8 +9,10 @@ test checks the answers against them).
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Annotated, Any, Literal, cast
 
+import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, model_validator
 
 from infer.engine.sampling import (
@@ -55,15 +57,44 @@ class OtherPart(BaseModel):
     type: Literal["image_url", "input_audio", "file", "refusal"]
 
 
+FunctionName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
+
+
+class CalledFunction(_Body):
+    name: FunctionName
+    arguments: str | dict[str, Any]  # a JSON text, as OpenAI sends it, or the object
+
+    def arguments_object(self) -> dict[str, Any] | str:
+        """The arguments as an object when they are a JSON object's text (templates render
+        them with ``tojson``), else as given."""
+        if isinstance(self.arguments, dict):
+            return self.arguments
+        try:
+            value = json.loads(self.arguments)
+        except ValueError:
+            return self.arguments
+        return value if isinstance(value, dict) else self.arguments
+
+
+class ToolCall(_Body):
+    """A call in an assistant message of the history."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
 class ChatMessage(_Body):
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[TextPart | OtherPart] | None = None
     name: str | None = None
     tool_call_id: str | None = None
-    tool_calls: list[dict[str, Any]] | None = None
+    tool_calls: list[ToolCall] | None = None
     function_call: dict[str, Any] | None = None
     refusal: str | None = None
     audio: dict[str, Any] | None = None
+    reasoning_content: str | None = None  # an earlier reply's reasoning: not sent back
+    reasoning: str | None = None
 
     @model_validator(mode="after")
     def _text_only(self) -> ChatMessage:
@@ -75,6 +106,10 @@ class ChatMessage(_Body):
                 )
         if self.audio is not None:
             raise ValueError("audio is not supported: this server serves a text-only model")
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError(f"a {self.role} message needs content")
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("a tool message needs the tool_call_id it answers")
         return self
 
     def text(self) -> str:
@@ -283,6 +318,38 @@ class CompletionRequest(_OpenAIFields):
         return list(cast(list[str] | list[list[int]], p))
 
 
+class FunctionDefinition(_Body):
+    name: FunctionName
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema; none: no arguments
+    strict: bool | None = None  # calls always fit their schema here
+
+    @model_validator(mode="after")
+    def _schema(self) -> FunctionDefinition:
+        if self.parameters is not None:
+            try:
+                jsonschema.validators.validator_for(self.parameters).check_schema(self.parameters)
+            except jsonschema.SchemaError as e:
+                raise ValueError(
+                    f"the parameters of {self.name!r} are not a JSON schema: {e.message}"
+                ) from None
+        return self
+
+
+class ToolDefinition(_Body):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(_Body):
+    name: FunctionName
+
+
+class NamedToolChoice(_Body):
+    type: Literal["function"]
+    function: NamedFunction
+
+
 class ChatCompletionRequest(_OpenAIFields):
     """``POST /v1/chat/completions``."""
 
@@ -290,9 +357,10 @@ class ChatCompletionRequest(_OpenAIFields):
     max_completion_tokens: MaxTokens | None = None
     logprobs: bool = False
     top_logprobs: Logprobs | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tools: Annotated[list[ToolDefinition], Field(max_length=128)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    chat_template_kwargs: dict[str, Any] | None = None  # e.g. enable_thinking
     functions: list[dict[str, Any]] | None = None
     function_call: str | dict[str, Any] | None = None
     modalities: list[Literal["text", "audio"]] | None = None
@@ -301,8 +369,8 @@ class ChatCompletionRequest(_OpenAIFields):
     reasoning_effort: str | None = None
     verbosity: str | None = None
     web_search_options: dict[str, Any] | None = None
-    # Router extras (see _OpenAIFields): the template always opens a new assistant turn, and
-    # these models have no reasoning to separate.
+    # Router extras (see _OpenAIFields): the template always opens a new assistant turn;
+    # separate_reasoning: false leaves a reasoning block in the content; reasoning streams.
     continue_final_message: Literal[False] = False
     add_generation_prompt: Literal[True] = True
     separate_reasoning: bool = True
@@ -314,10 +382,19 @@ class ChatCompletionRequest(_OpenAIFields):
             raise ValueError("audio output is not supported: this server generates text")
         if self.web_search_options is not None:
             raise ValueError("web_search_options is not supported: this server has no web access")
-        if self.functions:
-            raise ValueError(
-                "functions is not supported (deprecated by OpenAI; no tool calling here)"
-            )
+        if self.functions or self.function_call is not None:
+            raise ValueError("functions and function_call are deprecated by OpenAI: use tools")
+        names = [t.function.name for t in self.tools or []]
+        if len(set(names)) != len(names):
+            raise ValueError("tools: two tools have the same name")
+        choice = self.tool_choice
+        if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
+            raise ValueError(f"tool_choice names {choice.function.name!r}, which is not in tools")
+        if choice == "required" and not names:
+            raise ValueError("tool_choice 'required' needs tools")
+        if self.wants_tools() and self.json_schema() is not None:
+            raise ValueError("response_format cannot be combined with tool calls")
+        _check_tool_results(self.messages)
         return self
 
     def limit(self) -> int | None:
@@ -326,6 +403,17 @@ class ChatCompletionRequest(_OpenAIFields):
     def wants_tools(self) -> bool:
         """Whether the request needs tool calling (``tools`` given and not switched off)."""
         return bool(self.tools) and self.tool_choice != "none"
+
+
+def _check_tool_results(messages: list[ChatMessage]) -> None:
+    """Every tool message answers a call an earlier assistant message made."""
+    called: set[str] = set()
+    for i, m in enumerate(messages):
+        called.update(c.id for c in m.tool_calls or [])
+        if m.role == "tool" and m.tool_call_id not in called:
+            raise ValueError(
+                f"messages.{i}: tool_call_id {m.tool_call_id!r} answers no earlier tool call"
+            )
 
 
 class GenerateRequest(SamplingFields):
@@ -425,9 +513,18 @@ class CompletionResponse(BaseModel):
     usage: Usage
 
 
+class OutputCall(BaseModel):
+    id: str
+    type: Literal["function"]
+    function: dict[str, str]  # name, and arguments: a JSON text that fits the tool's schema
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"]
-    content: str
+    content: str | None  # null when the reply is only tool calls
+    tool_calls: list[OutputCall] | None = None
+    reasoning_content: str | None = None  # a thinking template's reasoning block
+    reasoning: str | None = None  # the same text, under vLLM's newer name
 
 
 class ChatChoice(BaseModel):

@@ -97,9 +97,9 @@ async def test_fields_that_cannot_be_honoured_are_named(real_app) -> None:
         ("/v1/completions", base | {"not_openai": 1}, "not_openai", "invalid_value"),
         (
             "/v1/chat/completions",
-            chat | {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
-            "tools",
-            "tools_unsupported",
+            chat | {"tools": [{"type": "function", "function": {"name": "f", "parameters": 5}}]},
+            "parameters",
+            "invalid_value",
         ),
         (
             "/v1/chat/completions",
