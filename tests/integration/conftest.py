@@ -62,3 +62,15 @@ def real_app(default_model: LoadedModel) -> AppFactory:
 def real_app_fp32(default_model_fp32: LoadedModel) -> AppFactory:
     """Build apps serving the default model in float32."""
     return app_factory(default_model_fp32)
+
+
+@pytest.fixture(scope="session")
+def qwen_model() -> LoadedModel:
+    """Qwen2.5-Coder-0.5B-Instruct (Q4_K_M GGUF, from its chunk packages), kept quantized."""
+    return load_model("qwen2.5-coder-0.5b")
+
+
+@pytest.fixture
+def qwen_app(qwen_model: LoadedModel) -> AppFactory:
+    """Build apps serving the real Qwen2.5 model."""
+    return app_factory(qwen_model)

@@ -1,0 +1,184 @@
+"""Reasoning kept apart from the answer, on a tiny random Qwen3 with a thinking template.
+
+The model is random, so its text is scripted: :class:`ScriptedModel` runs the real forward
+pass and then makes the script's next token the only likely one. Everything after the
+logits (the grammar, sampling, detokenizing, reading the reply, the HTTP formats) is the
+real path.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import httpx
+import pytest
+import torch
+import transformers
+from torch import Tensor, nn
+
+from infer.engine.config import EngineConfig
+from infer.engine.engine import Engine
+from infer.models.config import ModelConfig
+from infer.models.context import PagedContext
+from infer.models.loader import LoadedModel
+from infer.models.registry import create_model
+from infer.server.app import create_app
+from infer.server.config import ServerConfig
+from support.server import running_server
+
+pytestmark = pytest.mark.slow
+
+# Qwen3's shape: tools in a system turn, a reply that thinks unless enable_thinking is false
+# (then the prompt closes an empty block).
+TEMPLATE = (
+    "{%- if tools %}<|im_start|>system\n# Tools\n<tools>{% for t in tools %}\n{{ t | tojson }}"
+    '{% endfor %}\n</tools>\nCall a function as <tool_call>\n{"name": <function-name>, '
+    '"arguments": <args-json-object>}\n</tool_call><|im_end|>\n{%- endif %}'
+    "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{%- endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{%- if enable_thinking is defined "
+    "and enable_thinking is false %}<think>\n\n</think>\n\n{%- endif %}{%- endif %}"
+)
+ASK = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+class ScriptedModel(nn.Module):
+    """A model whose reply is ``script`` (token ids), then EOS."""
+
+    def __init__(self, model: nn.Module, eos: int) -> None:
+        super().__init__()
+        self.inner, self.config, self.eos = model, model.config, eos
+        self.script: list[int] = []
+        self._base = 0  # position of the reply's first token
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.inner.dtype  # type: ignore[no-any-return]
+
+    @property
+    def device(self) -> torch.device:
+        return self.inner.device  # type: ignore[no-any-return]
+
+    def forward_paged(
+        self, input_ids: Tensor, positions: Tensor, ctx: PagedContext, logits_index: Tensor
+    ) -> Any:
+        out = self.inner.forward_paged(input_ids, positions, ctx, logits_index)
+        for row, index in enumerate(logits_index.tolist()):
+            position = int(positions[index])
+            if ctx.spans:  # a prompt's last token: the reply starts after it
+                self._base = position + 1
+            k = position + 1 - self._base
+            token = self.script[k] if k < len(self.script) else self.eos
+            out.logits[row] = -1e4
+            out.logits[row, token] = 0.0
+        return out
+
+
+@pytest.fixture(scope="module")
+def thinking_app(qwen_model: LoadedModel) -> tuple[Any, ScriptedModel, Any]:
+    torch.manual_seed(0)
+    tokenizer = copy.deepcopy(qwen_model.tokenizer)
+    tokenizer.chat_template = TEMPLATE
+    cfg = transformers.Qwen3Config(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        tie_word_embeddings=True,
+    )
+    ref = transformers.Qwen3ForCausalLM(cfg)
+    config = ModelConfig.from_hf(cfg.to_dict() | {"architectures": ["Qwen3ForCausalLM"]})
+    model = ScriptedModel(create_model(config, ref.state_dict().items(), torch.float32), 151645)
+
+    def build() -> Any:
+        engine_config = EngineConfig(max_seq_len=512, max_batch_size=2, dtype="float32")
+        engine = Engine(engine_config, model, tokenizer, {151645}, "tiny-qwen3")
+        return create_app(ServerConfig(engine=engine_config), engine)
+
+    return build, model, tokenizer
+
+
+async def _chat(app: Any, body: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The non-streamed body and the streamed deltas of the same request."""
+    body = {"model": "tiny-qwen3", "messages": ASK, "temperature": 0} | body
+    async with running_server(app) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+            whole = (await client.post("/v1/chat/completions", json=body)).json()
+            deltas = []
+            async with client.stream(
+                "POST", "/v1/chat/completions", json=body | {"stream": True}
+            ) as r:
+                async for line in r.aiter_lines():
+                    if line.startswith("data: {"):
+                        deltas.append(json.loads(line[6:])["choices"][0])
+    return whole, deltas
+
+
+def _script(fixture: tuple[Any, ScriptedModel, Any], text: str) -> Any:
+    """A new app whose model replies ``text``."""
+    build, model, tokenizer = fixture
+    model.script = tokenizer.encode(text, add_special_tokens=False)
+    return build()
+
+
+def _joined(deltas: list[dict[str, Any]], field: str) -> str:
+    return "".join(d["delta"].get(field) or "" for d in deltas)
+
+
+async def test_reasoning_goes_to_both_fields_streamed_and_not(thinking_app: Any) -> None:
+    app = _script(thinking_app, "<think>\nThe user asks for a capital.\n</think>\n\nParis.")
+    whole, deltas = await _chat(app, {})
+    message = whole["choices"][0]["message"]
+    assert (
+        message["reasoning_content"] == message["reasoning"] == "\nThe user asks for a capital.\n"
+    )
+    assert message["content"] == "Paris."
+    assert _joined(deltas, "reasoning_content") == _joined(deltas, "reasoning")
+    assert _joined(deltas, "reasoning_content") == message["reasoning_content"]
+    assert _joined(deltas, "content") == "Paris."
+
+
+async def test_enable_thinking_false_closes_the_block_in_the_prompt(thinking_app: Any) -> None:
+    off, _ = await _chat(
+        _script(thinking_app, "Paris."), {"chat_template_kwargs": {"enable_thinking": False}}
+    )
+    on, _ = await _chat(_script(thinking_app, "Paris."), {})
+    assert off["choices"][0]["message"] == {"role": "assistant", "content": "Paris."}
+    # the prompt holds the empty block: "<think>\n\n</think>\n\n"
+    assert off["usage"]["prompt_tokens"] > on["usage"]["prompt_tokens"]
+
+
+async def test_reasoning_is_split_off_before_tool_calls_are_read(thinking_app: Any) -> None:
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    app = _script(thinking_app, f"<think>I could write <tool_call> here.</think>\n\n{call}")
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+    whole, deltas = await _chat(app, {"tools": [tool]})
+    choice = whole["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    assert choice["message"]["reasoning_content"] == "I could write <tool_call> here."
+    assert [c["function"] for c in choice["message"]["tool_calls"]] == [
+        {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+    ]
+    assert deltas[-1]["finish_reason"] == "tool_calls"
+
+
+async def test_structured_output_applies_to_the_answer_not_the_thinking(
+    thinking_app: Any,
+) -> None:
+    app = _script(thinking_app, '<think>free text { [ here</think>\n\n{"a": 1}')
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    whole, _ = await _chat(app, {"response_format": fmt})
+    message = whole["choices"][0]["message"]
+    assert message["reasoning_content"] == "free text { [ here"
+    assert json.loads(message["content"]) == {"a": 1}
