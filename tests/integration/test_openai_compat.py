@@ -88,7 +88,11 @@ async def test_fields_that_cannot_be_honoured_are_named(real_app) -> None:
     cases = [
         ("/v1/completions", base | {"best_of": 3, "n": 2}, "best_of", "invalid_value"),
         ("/v1/completions", base | {"suffix": "end"}, "suffix", "invalid_value"),
-        ("/v1/completions", base | {"echo": True, "logprobs": 1}, "echo", "invalid_value"),
+        ("/v1/completions", base | {"max_tokens": 0}, "max_tokens", "invalid_value"),
+        ("/v1/completions", base | {"prompt_logprobs": 21}, "prompt_logprobs", "invalid_value"),
+        ("/v1/completions", base | {"prompt_logprobs": -1}, "prompt_logprobs", "invalid_value"),
+        ("/v1/chat/completions", chat | {"prompt_logprobs": 21}, "prompt_logprobs", "invalid_value"),
+        ("/v1/chat/completions", chat | {"max_tokens": 0}, "max_tokens", "invalid_value"),
         ("/v1/completions", base | {"n": 65}, "n", "invalid_value"),
         ("/v1/completions", base | {"prompt": ["a"] * 33, "n": 2}, "prompt", "invalid_value"),
         ("/v1/completions", base | {"logit_bias": {"1": 101}}, "logit_bias", "invalid_value"),
