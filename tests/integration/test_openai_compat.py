@@ -91,7 +91,12 @@ async def test_fields_that_cannot_be_honoured_are_named(real_app) -> None:
         ("/v1/completions", base | {"max_tokens": 0}, "max_tokens", "invalid_value"),
         ("/v1/completions", base | {"prompt_logprobs": 21}, "prompt_logprobs", "invalid_value"),
         ("/v1/completions", base | {"prompt_logprobs": -1}, "prompt_logprobs", "invalid_value"),
-        ("/v1/chat/completions", chat | {"prompt_logprobs": 21}, "prompt_logprobs", "invalid_value"),
+        (
+            "/v1/chat/completions",
+            chat | {"prompt_logprobs": 21},
+            "prompt_logprobs",
+            "invalid_value",
+        ),
         ("/v1/chat/completions", chat | {"max_tokens": 0}, "max_tokens", "invalid_value"),
         ("/v1/completions", base | {"n": 65}, "n", "invalid_value"),
         ("/v1/completions", base | {"prompt": ["a"] * 33, "n": 2}, "prompt", "invalid_value"),
