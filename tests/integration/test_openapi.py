@@ -44,7 +44,10 @@ async def test_openapi_document_and_docs_page(tiny_model, default_tokenizer) -> 
         schema["properties"]
     )
     components = doc["components"]["schemas"]
-    assert "prompt_logprobs" in components["ChatCompletionRequest"]["properties"]
+    chat = doc["paths"]["/v1/chat/completions"]["post"]["requestBody"]["content"]
+    chat_schema = chat["application/json"]["schema"]
+    chat_schema = components.get(chat_schema.get("$ref", "").split("/")[-1], chat_schema)
+    assert "prompt_logprobs" in chat_schema["properties"]
     assert "prompt_logprobs" in components["CompletionChoice"]["properties"]
     assert "prompt_logprobs" in components["ChatChoice"]["properties"]
     assert "prompt_tokens_details" in components["Usage"]["properties"]
