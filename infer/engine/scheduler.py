@@ -183,7 +183,8 @@ class Scheduler(ABC):
         tokens = req.token_ids
         req.prefill_len = len(tokens)
         # A prompt being scored recomputes every position it has not scored yet.
-        req.num_cached = self.blocks.match_prefix(req.request_id, tokens, req.unscored)
+        limit = req.unscored if req.scores_prompt else None
+        req.num_cached = self.blocks.match_prefix(req.request_id, tokens, limit)
         first = max(1, min(req.prefill_len - req.num_cached, first))
         if not self.blocks.ensure(req.request_id, req.num_cached + first):
             self.blocks.free(req.request_id)
