@@ -209,7 +209,12 @@ async def test_streamed_choices_carry_their_index_and_usage_counts_all(real_app_
         finished[choice["index"]] += choice["finish_reason"] is not None
     assert finished == {0: 1, 1: 1, 2: 1}
     assert [texts[i] for i in range(3)] == [c["message"]["content"] for c in whole["choices"]]
-    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == whole["usage"]
+    assert chunks[-1]["choices"] == []
+    streamed_usage = chunks[-1]["usage"]
+    # The same prompt again: the prefix cache now serves part of it.
+    assert streamed_usage.pop("prompt_tokens_details")["cached_tokens"] > 0
+    assert whole["usage"].pop("prompt_tokens_details") == {"cached_tokens": 0}
+    assert streamed_usage == whole["usage"]
     assert whole["usage"]["completion_tokens"] == 15
 
 
