@@ -25,7 +25,7 @@ def started(request_id: str, model: str, created: int) -> Event:
 
 
 def events(
-    out: StepOutput, usage: dict[str, int], rate: dict[str, Any] | None = None
+    out: StepOutput, usage: dict[str, Any], rate: dict[str, Any] | None = None
 ) -> list[Event]:
     """The events of one output; the last one is terminal if the request ended.
 
@@ -56,7 +56,7 @@ def metrics_due(out: StepOutput, every: int | None) -> bool:
     return bool(every and out.num_tokens and tokens // every > (tokens - out.num_tokens) // every)
 
 
-def terminal(out: StepOutput, usage: dict[str, int]) -> Event:
+def terminal(out: StepOutput, usage: dict[str, Any]) -> Event:
     """``done`` with the finish reason, or ``error`` with the code."""
     outcome = out.outcome
     if isinstance(outcome, ErrorCode):

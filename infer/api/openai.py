@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from infer.api.chat import ReplyParser
-from infer.engine.request import ErrorCode, FinishReason, StepOutput
+from infer.engine.request import ErrorCode, FinishReason, PromptLogprob, StepOutput
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,10 @@ class Head:
         chat: A chat completion (else a text completion).
         top_logprobs: Alternatives per token the client asked for; ``None``: no logprobs.
         usage_field: Put ``"usage": null`` in every chunk (a usage chunk comes last).
+        echo_scores: The echoed prompt's tokens start each choice's ``logprobs`` (a
+            completion with ``echo`` and ``logprobs``).
+        prompt_logprobs: vLLM's ``prompt_logprobs``: alternatives per prompt token;
+            ``None``: no such field.
     """
 
     id: str
@@ -36,6 +40,8 @@ class Head:
     chat: bool
     top_logprobs: int | None = None
     usage_field: bool = False
+    echo_scores: bool = False
+    prompt_logprobs: int | None = None
 
     def _fields(self, kind: str) -> dict[str, Any]:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
@@ -87,17 +93,18 @@ def opening(head: Head, choices: int, echo: Sequence[str] | None) -> list[dict[s
 
 
 def output_chunks(
-    head: Head, index: int, out: StepOutput, reply: ReplyParser | None = None
+    head: Head, index: int, out: StepOutput, reply: ReplyParser | None = None, offset: int = 0
 ) -> list[dict[str, Any]]:
     """The chunks of one output: its text (with log-probabilities), then, on a choice's last
     output, its finish. An output that ends in an error gives an error object instead.
+    ``offset`` is the length of the echoed prompt before the generated text.
 
     A chat reply read by ``reply`` (reasoning, tool calls) gives what that parser makes of
     the text: reasoning, content and tool-call deltas, and ``tool_calls`` as the finish of
     a reply that made calls.
     """
     chunks = []
-    logprobs = logprobs_of(head, [out]) if out.logprobs is not None else None
+    logprobs = logprobs_of(head, [out], offset) if out.logprobs is not None else None
     if reply is not None:
         parsed = reply.feed(out.text_delta)
         if out.outcome is not None:
@@ -124,11 +131,73 @@ def error_chunk(code: ErrorCode, message: str | None = None) -> dict[str, Any]:
     }
 
 
-def usage_chunk(head: Head, usage: dict[str, int]) -> dict[str, Any]:
+def usage_chunk(head: Head, usage: dict[str, Any]) -> dict[str, Any]:
     """The chunk after the last one when ``stream_options.include_usage`` is set."""
     body = head._fields(head.chunk_kind)
     body.update(choices=[], usage=usage)
     return body
+
+
+@dataclass(frozen=True)
+class PromptScores:
+    """A scored prompt, with the text of every token its scores name.
+
+    Args:
+        ids: The prompt's token ids.
+        scores: The scores of tokens ``1...`` (the first token has none).
+        texts: Token id → its text.
+        offsets: Each prompt token's character offset in the prompt's text.
+    """
+
+    ids: list[int]
+    scores: list[PromptLogprob]
+    texts: dict[int, str]
+    offsets: list[int]
+
+
+def prompt_chunk(head: Head, index: int, prompt: PromptScores, echo: str | None) -> dict[str, Any]:
+    """The chunk that carries a choice's scored prompt: the echoed prompt with its tokens'
+    ``logprobs`` (``echo_scores``) and vLLM's ``prompt_logprobs`` (when asked)."""
+    if head.chat:
+        result = chunk(head, index, {})
+    elif head.echo_scores:
+        result = chunk(head, index, echo or "", logprobs=echo_logprobs(prompt, head.top_logprobs))
+    else:
+        result = chunk(head, index, "")
+    if head.prompt_logprobs is not None:
+        result["choices"][0]["prompt_logprobs"] = vllm_prompt_logprobs(prompt, head.prompt_logprobs)
+    return result
+
+
+def echo_logprobs(prompt: PromptScores, top: int | None) -> dict[str, Any]:
+    """The completions' parallel ``logprobs`` lists over the prompt's tokens (the first
+    token has no log-probability: ``null``)."""
+    k = top or 0
+    return {
+        "tokens": [prompt.texts[t] for t in prompt.ids],
+        "token_logprobs": [None] + [s.logprob for s in prompt.scores],
+        "top_logprobs": [None]
+        + [{prompt.texts[t]: v for t, v in s.top[:k]} for s in prompt.scores],
+        "text_offset": list(prompt.offsets),
+    }
+
+
+def vllm_prompt_logprobs(prompt: PromptScores, k: int) -> list[dict[str, Any] | None]:
+    """vLLM's ``prompt_logprobs``: ``null`` for the first token, then per token
+    ``{token_id: {"logprob", "rank", "decoded_token"}}`` for its top ``k`` and itself."""
+    result: list[dict[str, Any] | None] = [None]
+    for s in prompt.scores:
+        entries = {
+            str(t): {"logprob": v, "rank": rank, "decoded_token": prompt.texts[t]}
+            for rank, (t, v) in enumerate(s.top[:k], start=1)
+        }
+        entries[str(s.token_id)] = {
+            "logprob": s.logprob,
+            "rank": s.rank,
+            "decoded_token": prompt.texts[s.token_id],
+        }
+        result.append(entries)
+    return result
 
 
 @dataclass
@@ -139,6 +208,7 @@ class Choice:
     finish_reason: str | None
     outputs: list[StepOutput]  # those with log-probabilities
     reply: ReplyParser | None = None  # a chat reply's reasoning and tool calls, read
+    prompt: PromptScores | None = None  # its scored prompt, when asked
 
 
 def message(c: Choice) -> dict[str, Any]:
@@ -160,23 +230,40 @@ def message(c: Choice) -> dict[str, Any]:
 
 
 def body(
-    head: Head, choices: Sequence[Choice], usage: dict[str, int], echo: Sequence[str] | None = None
+    head: Head, choices: Sequence[Choice], usage: dict[str, Any], echo: Sequence[str] | None = None
 ) -> dict[str, Any]:
     """The body of a non-streamed response: one choice per item, in index order."""
     items = []
     for index, c in enumerate(choices):
-        text = (echo[index] if echo is not None else "") + c.text
+        echoed = echo[index] if echo is not None else ""
+        text = echoed + c.text
         content: dict[str, Any] = {"message": message(c)} if head.chat else {"text": text}
-        lps = logprobs_of(head, c.outputs) if head.top_logprobs is not None else None
-        items.append({"index": index, **content, "logprobs": lps, "finish_reason": c.finish_reason})
+        lps = None
+        if head.top_logprobs is not None:
+            lps = logprobs_of(head, c.outputs, len(echoed))
+            if head.echo_scores and c.prompt is not None:
+                lps = join_logprobs(echo_logprobs(c.prompt, head.top_logprobs), lps)
+        item = {"index": index, **content, "logprobs": lps, "finish_reason": c.finish_reason}
+        if head.prompt_logprobs is not None:
+            prompt = c.prompt
+            item["prompt_logprobs"] = (
+                vllm_prompt_logprobs(prompt, head.prompt_logprobs) if prompt else None
+            )
+        items.append(item)
     result = head._fields("chat.completion" if head.chat else "text_completion")
     result.update(choices=items, usage=usage)
     return result
 
 
-def logprobs_of(head: Head, outputs: Sequence[StepOutput]) -> dict[str, Any]:
+def join_logprobs(first: dict[str, Any], then: dict[str, Any]) -> dict[str, Any]:
+    """Two completions ``logprobs`` objects as one: each list, then the other's."""
+    return {key: first[key] + then[key] for key in first}
+
+
+def logprobs_of(head: Head, outputs: Sequence[StepOutput], offset: int = 0) -> dict[str, Any]:
     """The ``logprobs`` object of a chunk or choice: chat's ``content`` list, or the
-    completions' parallel lists."""
+    completions' parallel lists (``offset`` is added to each token's ``text_offset``: the
+    echoed prompt's length)."""
     top = head.top_logprobs or 0
     entries = [(o.logprobs, o.text_offset) for o in outputs if o.logprobs is not None]
     if head.chat:
@@ -193,7 +280,7 @@ def logprobs_of(head: Head, outputs: Sequence[StepOutput]) -> dict[str, Any]:
         "tokens": [lp.token for lp, _ in entries],
         "token_logprobs": [lp.logprob for lp, _ in entries],
         "top_logprobs": [dict(lp.top[:top]) for lp, _ in entries],
-        "text_offset": [offset for _, offset in entries],
+        "text_offset": [offset + at for _, at in entries],
     }
 
 

@@ -410,11 +410,6 @@ def answer_format(plan: ToolPlan) -> dict[str, Any]:
     if plan.mode == "required":
         return calls
     trigger = '{"name": ' if fmt == "llama" else HERMES_OPEN
-    text = {
-        "type": "sequence",
-        "elements": [
-            {"type": "regex", "pattern": _TEXT_START},
-            {"type": "triggered_tags", "triggers": [trigger], "tags": tags, "stop_after_first": one},
-        ],
-    }
+    later = {"type": "triggered_tags", "triggers": [trigger], "tags": tags, "stop_after_first": one}
+    text = {"type": "sequence", "elements": [{"type": "regex", "pattern": _TEXT_START}, later]}
     return {"type": "or", "elements": [calls, text]}

@@ -51,11 +51,17 @@ class BlockManager:
     def table(self, request_id: str) -> list[int]:
         return self.tables.get(request_id, [])
 
-    def match_prefix(self, request_id: str, tokens: list[int]) -> int:
+    def match_prefix(self, request_id: str, tokens: list[int], limit: int | None = None) -> int:
         """Give a request that holds no blocks the cached blocks its ``tokens`` start with.
 
         At least the last token is left to compute (its logits are needed), so a prompt
         that is all cached still runs one token.
+
+        Args:
+            request_id: The request.
+            tokens: Its tokens (prompt, then output if it was preempted).
+            limit: Take at most this many tokens from the cache (a request that scores its
+                prompt needs the logits of the positions it has not scored yet).
 
         Returns:
             How many tokens the request now has in the cache (a multiple of the block size).
@@ -64,7 +70,7 @@ class BlockManager:
         self._hashed[request_id] = []
         if not self.prefix_caching:
             return 0
-        usable = (len(tokens) - 1) // self.block_size
+        usable = min(len(tokens) - 1, len(tokens) if limit is None else limit) // self.block_size
         self.queries += usable
         parent = b""
         for i in range(usable):

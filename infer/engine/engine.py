@@ -26,13 +26,14 @@ from infer.engine.request import (
     ErrorCode,
     FinishReason,
     Logprobs,
+    PromptLogprob,
     Request,
     RequestStatus,
     StepOutput,
     TraceSpec,
 )
-from infer.engine.runner import ModelRunner, RunnerOutput
-from infer.engine.sampler import make_generator, sample, token_logprobs
+from infer.engine.runner import ModelRunner, PromptRows, RunnerOutput
+from infer.engine.sampler import make_generator, ranked_logprobs, sample, token_logprobs
 from infer.engine.sampling import SamplingParams
 from infer.engine.scheduler import Clock, Scheduler, SchedulerOutput, make_scheduler
 from infer.models.base import CausalLM
@@ -195,8 +196,49 @@ class Engine:
         return outputs + self._process(result)
 
     def _process(self, result: RunnerOutput) -> list[StepOutput]:
+        outputs = self._score_prompts(result.prompt_rows)
         requests, logits = result.requests, result.logits
-        if not requests or logits is None:
+        if requests and logits is not None:
+            # A request that only scores its prompt ends when the prompt is done; one whose
+            # scoring failed has ended already.
+            live = [r for r in requests if not r.is_finished]
+            outputs += [self._end_scored(r) for r in live if not r.params.max_new_tokens]
+            sampled = [i for i, r in enumerate(requests) if r in live and r.params.max_new_tokens]
+            if len(sampled) < len(requests):
+                requests, logits = [requests[i] for i in sampled], logits[sampled]
+            outputs += self._sample(result.attn, requests, logits)
+        return outputs
+
+    def _score_prompts(self, rows: list[PromptRows]) -> list[StepOutput]:
+        """Add this step's prompt scores to the requests that score their prompts."""
+        failed: list[StepOutput] = []
+        for part in rows:
+            req = part.request
+            if req.is_finished:
+                continue
+            targets = req.prompt_ids[part.start + 1 : part.start + 1 + part.logits.shape[0]]
+            try:
+                scores = ranked_logprobs(part.logits, targets, req.params.prompt_logprobs or 0)
+            except Exception as e:  # noqa: BLE001 - one request's failure ends only it
+                failed += self._fail_requests([req], e)
+                continue
+            req.prompt_scores += [
+                PromptLogprob(t, lp, rank, top)
+                for t, (lp, rank, top) in zip(targets, scores, strict=True)
+            ]
+        return failed
+
+    def _end_scored(self, req: Request) -> StepOutput:
+        """End a request whose prompt was all it asked for (``max_new_tokens`` 0)."""
+        req.finish(RequestStatus.FINISHED, FinishReason.LENGTH)
+        self._release(req)
+        return self._output(req, None, "")
+
+    def _sample(
+        self, attn: dict[str, torch.Tensor], requests: list[Request], logits: torch.Tensor
+    ) -> list[StepOutput]:
+        """Each request's next token (with its logprobs and trace, when asked)."""
+        if not requests:
             return []
         try:
             penalized = any(r.params.repetition_penalty != 1.0 for r in requests)
@@ -224,8 +266,8 @@ class Engine:
                             [(self._text(t), lp) for t, lp in top[: req.params.logprobs]],
                         )
                     if req.trace is not None:
-                        attn = result.attn.get(req.request_id)
-                        out.trace = self._trace(req.trace, logits[i], top, attn)
+                        row = attn.get(req.request_id)
+                        out.trace = self._trace(req.trace, logits[i], top, row)
             except Exception as e:  # noqa: BLE001 - one request's failure ends only it
                 out = self._fail_requests([req], e)[0]
             outputs.append(out)
@@ -312,7 +354,7 @@ class Engine:
         self.scheduler.remove(req)
 
     def _output(self, req: Request, token: int | None, delta: str) -> StepOutput:
-        return StepOutput(
+        out = StepOutput(
             request_id=req.request_id,
             token_id=token,
             text_delta=delta,
@@ -321,4 +363,9 @@ class Engine:
             completion_tokens=len(req.output_ids),
             num_tokens=int(token is not None),
             text_offset=req.text_len,
+            cached_tokens=req.cached_tokens or 0,
         )
+        scored = req.scores_prompt and len(req.prompt_scores) == req.prompt_len - 1
+        if scored and not req.prompt_reported:  # the first output once the prompt is scored
+            out.prompt_logprobs, req.prompt_reported = req.prompt_scores, True
+        return out

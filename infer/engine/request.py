@@ -149,6 +149,20 @@ class Request:
     first_token_time: float | None = None
     finish_time: float | None = None
     grammar_state: GrammarState | None = None  # structured output: set on its first step
+    cached_tokens: int | None = None  # prompt tokens the prefix cache gave it when it started
+    # Prompt tokens 1... scored so far (prompt_logprobs); the first token has no score.
+    prompt_scores: list[PromptLogprob] = field(default_factory=list)
+    prompt_reported: bool = False  # its scores went out with an output
+
+    @property
+    def scores_prompt(self) -> bool:
+        """Whether the request's prompt tokens are to be scored (``prompt_logprobs``)."""
+        return self.params.prompt_logprobs is not None
+
+    @property
+    def unscored(self) -> int:
+        """The first position whose logits still have a prompt token to score."""
+        return len(self.prompt_scores) if self.scores_prompt else self.prompt_len
 
     @property
     def prompt_len(self) -> int:
@@ -183,6 +197,17 @@ class Logprobs:
 
 
 @dataclass
+class PromptLogprob:
+    """One prompt token's log-probability given the tokens before it, its rank among the
+    whole vocabulary (1: the likeliest), and the likeliest tokens at its position."""
+
+    token_id: int
+    logprob: float
+    rank: int
+    top: list[tuple[int, float]]  # (token id, logprob), most likely first
+
+
+@dataclass
 class StepOutput:
     """What one step produced for one request: a token, or the end, or both.
 
@@ -201,6 +226,9 @@ class StepOutput:
     text_offset: int = 0  # characters of the request's text before this delta
     logprobs: Logprobs | None = None
     trace: dict[str, Any] | None = None
+    # On a request's first output, when it scores its prompt: tokens 1... (token 0 has none).
+    prompt_logprobs: list[PromptLogprob] | None = None
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache
 
     @property
     def finished(self) -> bool:

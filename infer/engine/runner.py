@@ -15,19 +15,31 @@ from torch import Tensor
 from infer.engine.block_manager import BlockManager
 from infer.engine.config import EngineConfig
 from infer.engine.request import Request
-from infer.engine.scheduler import SchedulerOutput
+from infer.engine.scheduler import PrefillChunk, SchedulerOutput
 from infer.models.base import CausalLM
 from infer.models.context import AttnCapture, SequenceSlice, paged_context
 from infer.models.kv_cache import PagedKVCache
 
 
 @dataclass
+class PromptRows:
+    """Logits of prompt positions ``[start, start + R)`` of a request that scores its prompt:
+    row ``i`` is the distribution of prompt token ``start + i + 1``."""
+
+    request: Request
+    start: int
+    logits: Tensor  # [R, V] float32
+
+
+@dataclass
 class RunnerOutput:
-    """Next-token logits for the requests that get a token this step."""
+    """Next-token logits for the requests that get a token this step, and the prompt rows
+    of the requests that score their prompts."""
 
     requests: list[Request] = field(default_factory=list)
     logits: Tensor | None = None  # [N, V] float32, row i for requests[i]
     attn: dict[str, Tensor] = field(default_factory=dict)  # request id → [H, S] last query row
+    prompt_rows: list[PromptRows] = field(default_factory=list)
 
 
 class ModelRunner:
@@ -60,11 +72,15 @@ class ModelRunner:
         ctx, positions = paged_context(self.cache, slices, nd, device, _capture_for(seqs))
         last = ctx.last_token
         finishing = list(range(nd)) + [nd + i for i, c in enumerate(chunks) if c.completes_prompt]
+        rows = [last[i] for i in finishing]
+        scored = _scored_spans(chunks, last[nd:])
+        for _, _, first_row, count in scored:
+            rows += range(first_row, first_row + count)
         out = self.model.forward_paged(
             torch.tensor(ids, device=device),
             positions,
             ctx,
-            torch.tensor([last[i] for i in finishing], device=device, dtype=torch.long),
+            torch.tensor(rows, device=device, dtype=torch.long),
         )
         for r in decode:
             r.num_cached += 1
@@ -73,7 +89,33 @@ class ModelRunner:
         for r in seqs:
             self.blocks.commit(r.request_id, r.token_ids, r.num_cached)
         requests = [seqs[i] for i in finishing]
-        return RunnerOutput(requests, out.logits, _trace_rows(requests, out.attn, finishing))
+        logits, extra = out.logits[: len(finishing)], out.logits[len(finishing) :]
+        prompt_rows = []
+        for req, start, _, count in scored:
+            prompt_rows.append(PromptRows(req, start, extra[:count]))
+            extra = extra[count:]
+        attn = _trace_rows(requests, out.attn, finishing)
+        return RunnerOutput(requests, logits, attn, prompt_rows)
+
+
+def _scored_spans(
+    chunks: list[PrefillChunk], last_rows: list[int]
+) -> list[tuple[Request, int, int, int]]:
+    """The prompt positions whose logits score a prompt token this step, per chunk of a
+    request that scores its prompt: ``(request, first position, its batch row, count)``.
+
+    Position ``p`` scores prompt token ``p + 1``; positions already scored (before a
+    preemption) are not scored again.
+    """
+    spans = []
+    for c, last in zip(chunks, last_rows, strict=True):
+        req = c.request
+        first = max(c.start, req.unscored)
+        end = min(c.start + c.length, req.prompt_len - 1)
+        if end > first:
+            row = last - (c.length - 1) + (first - c.start)  # the chunk's rows end at last
+            spans.append((req, first, row, end - first))
+    return spans
 
 
 def _capture_for(requests: list[Request]) -> AttnCapture | None:

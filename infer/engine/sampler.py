@@ -294,3 +294,35 @@ def token_logprobs(
     ids: list[list[int]] = top.indices.tolist()
     values: list[list[float]] = top.values.tolist()
     return [(c, list(zip(i, v, strict=True))) for c, i, v in zip(chosen, ids, values, strict=True)]
+
+
+def ranked_logprobs(
+    logits: Tensor, tokens: Sequence[int], k: int
+) -> list[tuple[float, int, list[tuple[int, float]]]]:
+    """Log-probabilities of given tokens, their ranks, and each row's top ``k`` tokens.
+
+    Computed in float32 with a log-softmax over the whole vocabulary (prompt scoring).
+
+    Args:
+        logits: ``[R, V]`` raw logits.
+        tokens: The ``R`` tokens to score.
+        k: How many top alternatives to report per row (0 for none).
+
+    Returns:
+        Per row, ``(logprob, rank, [(token_id, logprob), ...])``: rank 1 is the likeliest
+        token (ties share the better rank); the list is sorted by decreasing logprob.
+    """
+    logp = torch.log_softmax(logits.float(), dim=-1)  # [R, V]
+    index = torch.tensor(tokens, dtype=torch.long, device=logits.device).unsqueeze(1)
+    chosen = logp.gather(1, index)  # [R, 1]
+    ranks: list[int] = ((logp > chosen).sum(dim=1) + 1).tolist()
+    values: list[float] = chosen.squeeze(1).tolist()
+    if k == 0:
+        return [(v, r, []) for v, r in zip(values, ranks, strict=True)]
+    top = torch.topk(logp, k, dim=-1)
+    ids: list[list[int]] = top.indices.tolist()
+    tops: list[list[float]] = top.values.tolist()
+    return [
+        (v, r, list(zip(i, t, strict=True)))
+        for v, r, i, t in zip(values, ranks, ids, tops, strict=True)
+    ]

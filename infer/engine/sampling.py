@@ -21,6 +21,7 @@ MAX_LOGIT_BIAS = 100.0
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed accepts
 
 MaxTokens = Annotated[int, Field(ge=1)]
+MaxNewTokens = Annotated[int, Field(ge=0)]  # 0: only score the prompt (prompt_logprobs)
 Temperature = Annotated[float, Field(ge=0.0, le=MAX_TEMPERATURE)]
 TopP = Annotated[float, Field(gt=0.0, le=1.0)]
 TopK = Annotated[int, Field(ge=0)]
@@ -47,7 +48,8 @@ class SamplingParams:
     """How one request picks its tokens and when it stops.
 
     Args:
-        max_new_tokens: Most tokens to generate (>= 1).
+        max_new_tokens: Most tokens to generate (>= 1; 0 only with ``prompt_logprobs``: the
+            prompt is scored and nothing is generated).
         temperature: Softmax temperature in ``[0, 100]``; 0 means greedy (argmax).
         top_p: Nucleus sampling: keep the smallest set of tokens whose probability
             mass reaches ``top_p``; in ``(0, 1]``, 1 disables it.
@@ -65,12 +67,15 @@ class SamplingParams:
         logit_bias: Token id -> value in ``[-100, 100]`` added to its logit (-100 bans it,
             +100 all but forces it).
         grammar: Constrains the output to a grammar (structured output); ``None``: free.
+        prompt_logprobs: Score every prompt token (its log-probability given the tokens
+            before it, its rank, and the top ``prompt_logprobs`` alternatives, 0 to 20);
+            ``None``: the prompt is not scored.
 
     Raises:
         ValueError: A field is out of range; the message names the field.
     """
 
-    max_new_tokens: MaxTokens = DEFAULT_MAX_TOKENS
+    max_new_tokens: MaxNewTokens = DEFAULT_MAX_TOKENS
     temperature: Temperature = 1.0
     top_p: TopP = 1.0
     top_k: TopK = 0
@@ -83,6 +88,11 @@ class SamplingParams:
     frequency_penalty: Penalty = 0.0
     logit_bias: dict[TokenId, Bias] = Field(default_factory=dict)
     grammar: GrammarOrNone = None
+    prompt_logprobs: Logprobs | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens == 0 and self.prompt_logprobs is None:
+            raise ValueError("max_new_tokens: 0 is only allowed with prompt_logprobs")
 
     @property
     def greedy(self) -> bool:

@@ -26,6 +26,8 @@ from infer.engine.config import EngineConfig
 from infer.engine.request import Request, RequestStatus
 
 Clock = Callable[[], float]  # monotonic seconds
+# Prompt tokens per chunk of a prompt being scored: each gets a [V] float32 row of logits.
+MAX_SCORED_CHUNK = 256
 
 
 @dataclass
@@ -165,6 +167,8 @@ class Scheduler(ABC):
     def _chunk(self, req: Request, budget: int) -> PrefillChunk | None:
         """The next chunk of a prompt that fits the budget and the free blocks, or None."""
         length = min(req.prefill_len - req.num_cached, budget)
+        if req.unscored < req.prompt_len - 1:  # each scored position brings a row of logits
+            length = min(length, MAX_SCORED_CHUNK)
         room = (
             len(self.blocks.table(req.request_id)) + self.blocks.num_free
         ) * self.blocks.block_size - req.num_cached
@@ -178,12 +182,16 @@ class Scheduler(ABC):
         (after what the prefix cache holds) can get blocks."""
         tokens = req.token_ids
         req.prefill_len = len(tokens)
-        req.num_cached = self.blocks.match_prefix(req.request_id, tokens)
+        # A prompt being scored recomputes every position it has not scored yet.
+        limit = req.unscored if req.scores_prompt else None
+        req.num_cached = self.blocks.match_prefix(req.request_id, tokens, limit)
         first = max(1, min(req.prefill_len - req.num_cached, first))
         if not self.blocks.ensure(req.request_id, req.num_cached + first):
             self.blocks.free(req.request_id)
             req.num_cached = 0
             return False
+        if req.cached_tokens is None:
+            req.cached_tokens = req.num_cached
         req.status = RequestStatus.PREFILL
         self.running.append(req)
         return True

@@ -8,6 +8,7 @@ run: the engine's steps and the single-request loop both build it there.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -105,14 +106,17 @@ class PagedContext:
 
     def keep_arrays(self) -> tuple[Tensor, Tensor]:
         """Block tables ``[R, max_blocks]`` and attended lengths ``[R]`` (int32) of the
-        sequences of the kept rows: each kept row is its sequence's last token."""
+        sequences of the kept rows: each kept row attends to its sequence up to itself
+        (usually it is the sequence's last token; a prompt being scored keeps them all)."""
         assert self.keep is not None
-        seq_of = {row: i for i, row in enumerate(self.last_token)}
-        seqs = [seq_of[row] for row in self.keep.tolist()]
+        seqs, lens = [], []
+        for row in self.keep.tolist():
+            i = bisect.bisect_left(self.last_token, row)  # rows of a sequence are contiguous
+            seqs.append(i)
+            lens.append(self.seq_ends[i] - (self.last_token[i] - row))
         device = self.slots.device
         tables = _block_tables([self.seq_blocks[i] for i in seqs], device)
-        lens = torch.tensor([self.seq_ends[i] for i in seqs], dtype=torch.int32, device=device)
-        return tables, lens
+        return tables, torch.tensor(lens, dtype=torch.int32, device=device)
 
 
 def _block_tables(blocks: list[Tensor], device: torch.device) -> Tensor:

@@ -52,7 +52,7 @@ class Gemma3DecoderLayer(nn.Module):
             h, residual = self.input_layernorm.add_forward(x, residual)
         attn = self.post_attention_layernorm(self.self_attn(h, ctx))
         h, residual = self.pre_feedforward_layernorm.add_forward(
-            attn, kept_rows(residual, attn, ctx)
+            attn, kept_rows(residual, self.self_attn.layer_idx, ctx)
         )
         return self.post_feedforward_layernorm(self.mlp(h)), residual
 

@@ -109,14 +109,11 @@ def apply_rope(x: Tensor, cos: Tensor, signed_sin: Tensor) -> Tensor:
     return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), signed_sin)
 
 
-def kept_rows(residual: Tensor, attn_out: Tensor, ctx: ForwardContext | PagedContext) -> Tensor:
-    """``residual`` cut to the rows the attention returned (all of them but in the last
-    layer of a paged forward that keeps only the rows getting logits)."""
-    if (
-        isinstance(ctx, PagedContext)
-        and ctx.keep is not None
-        and attn_out.shape[0] != residual.shape[0]
-    ):
+def kept_rows(residual: Tensor, layer: int, ctx: ForwardContext | PagedContext) -> Tensor:
+    """``residual`` cut to the rows the attention of layer ``layer`` returned (all of them
+    but in the last layer of a paged forward that keeps only the rows getting logits, in
+    their order: a kept row set as large as the batch may still be a permutation)."""
+    if isinstance(ctx, PagedContext) and ctx.keep is not None and layer == ctx.keep_layer:
         return residual.index_select(0, ctx.keep)
     return residual
 
@@ -418,6 +415,6 @@ class DecoderLayer(nn.Module):
             h, residual = self.input_layernorm.add_forward(x, residual)
         attn = self.self_attn(h, ctx)
         h, residual = self.post_attention_layernorm.add_forward(
-            attn, kept_rows(residual, attn, ctx)
+            attn, kept_rows(residual, self.self_attn.layer_idx, ctx)
         )
         return self.mlp(h), residual

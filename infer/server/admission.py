@@ -256,6 +256,7 @@ async def admit(
     default_max_tokens: int,
     n: int = 1,
     logprobs: int = 0,
+    prompt_logprobs: int | None = None,
     trace: TraceSpec | None = None,
     timeout_s: float | None = None,
     guard: bool = True,
@@ -271,6 +272,8 @@ async def admit(
             the context leaves).
         n: Choices per prompt.
         logprobs: Alternatives per token to report.
+        prompt_logprobs: Alternatives per prompt token to report; ``None``: the prompt is
+            not scored.
         trace: Per-token traces (native streams).
         timeout_s: The client's time limit (capped by ``max_timeout_s``).
         guard: End the stream when this HTTP request ends unread (``False`` when something
@@ -299,7 +302,11 @@ async def admit(
                 choices.append(prompt)
                 params.append(
                     fields.sampling_params(
-                        max_tokens, choice_seed(fields.seed, len(params)), logprobs, grammar
+                        max_tokens,
+                        choice_seed(fields.seed, len(params)),
+                        logprobs,
+                        grammar,
+                        prompt_logprobs,
                     )
                 )
         state.require_ready()  # a drain or an engine failure may have begun meanwhile
@@ -335,10 +342,11 @@ def _thinking(engine: Engine, prompts: Sequence[Prompt], ids: list[list[int]]) -
 def _max_tokens(engine: Engine, prompt_len: int, limit: int | None, default: int) -> int:
     room = engine.config.max_seq_len - prompt_len
     max_tokens = limit if limit is not None else min(default, room)
-    if prompt_len + max(max_tokens, 1) > engine.config.max_seq_len:
+    need = 0 if limit == 0 else max(max_tokens, 1)  # 0 asked for: the prompt is only scored
+    if prompt_len + need > engine.config.max_seq_len:
         raise APIError(
             ErrorCode.CONTEXT_LENGTH_EXCEEDED,
-            f"prompt ({prompt_len} tokens) + max_tokens ({max(max_tokens, 1)}) "
+            f"prompt ({prompt_len} tokens) + max_tokens ({need}) "
             f"exceeds max_seq_len ({engine.config.max_seq_len})",
         )
     return max_tokens

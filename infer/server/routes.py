@@ -12,7 +12,7 @@ failed part-way) or a native ``done``/``error`` event.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, cast
 
 import trio
@@ -86,6 +86,7 @@ async def completions() -> Response:
         default_max_tokens=COMPLETION_MAX_TOKENS,
         n=body.n,
         logprobs=_engine_logprobs(wanted),
+        prompt_logprobs=body.scored_prompt(),
     )
     stream = admitted.stream
     echo = None
@@ -99,8 +100,11 @@ async def completions() -> Response:
         chat=False,
         top_logprobs=wanted,
         usage_field=_include_usage(body),
+        echo_scores=body.echo_logprobs() is not None,
+        prompt_logprobs=body.prompt_logprobs,
     )
-    return await _respond(state, stream, head, body.stream, echo)
+    prompts = [ids for ids in admitted.prompt_ids for _ in range(body.n)]
+    return await _respond(state, stream, head, body.stream, prompts, echo)
 
 
 @blueprint.post("/v1/chat/completions")
@@ -119,6 +123,7 @@ async def chat_completions() -> Response:
         default_max_tokens=DEFAULT_MAX_TOKENS,
         n=body.n,
         logprobs=_engine_logprobs(wanted),
+        prompt_logprobs=body.prompt_logprobs,
     )
     stream = admitted.stream
     head = openai.Head(
@@ -128,12 +133,14 @@ async def chat_completions() -> Response:
         chat=True,
         top_logprobs=wanted,
         usage_field=_include_usage(body),
+        prompt_logprobs=body.prompt_logprobs,
     )
     thinking = admitted.thinking if body.separate_reasoning else None
     replies = None
     if plan is not None or thinking is not None:
         replies = [ReplyParser(plan, thinking) for _ in stream.choices]
-    return await _respond(state, stream, head, body.stream, replies=replies)
+    prompts = admitted.prompt_ids * body.n
+    return await _respond(state, stream, head, body.stream, prompts, replies=replies)
 
 
 def _tool_plan(state: ServerState, body: ChatCompletionRequest) -> ToolPlan:
@@ -163,17 +170,46 @@ def _include_usage(body: CompletionRequest | ChatCompletionRequest) -> bool:
     return bool(body.stream_options and body.stream_options.include_usage)
 
 
+Scorer = Callable[[int, StepOutput], Awaitable[openai.PromptScores]]
+
+
 async def _respond(
     state: ServerState,
     stream: RequestStream,
     head: openai.Head,
     streamed: bool,
+    prompts: list[list[int]],
     echo: list[str] | None = None,
     replies: list[ReplyParser] | None = None,
 ) -> Response:
+    """The streamed or whole answer; ``prompts`` are each choice's prompt ids."""
+
+    async def score(index: int, out: StepOutput) -> openai.PromptScores:
+        return await _prompt_scores(state, prompts[index], out, head.echo_scores)
+
     if streamed:
-        return sse.stream_response(_chunks(stream, head, echo, state.config.heartbeat_s, replies))
-    return jsonify(await _collect(stream, head, echo, replies))
+        return sse.stream_response(
+            _chunks(stream, head, echo, state.config.heartbeat_s, score, replies)
+        )
+    return jsonify(await _collect(stream, head, echo, score, replies))
+
+
+async def _prompt_scores(
+    state: ServerState, ids: list[int], out: StepOutput, offsets: bool
+) -> openai.PromptScores:
+    """An output's prompt scores with the text of each token they name (in a thread) and,
+    when ``offsets``, each prompt token's offset in the prompt's text."""
+    engine = state.engine
+    assert engine is not None and out.prompt_logprobs is not None  # a scored stream is open
+    scores, tokenizer = out.prompt_logprobs, engine.tokenizer
+
+    def run() -> openai.PromptScores:
+        named = {*ids, *(t for s in scores for t, _ in s.top)}
+        texts = {t: str(tokenizer.decode([t])) for t in named}
+        at = [len(tokenizer.decode(ids[:i])) for i in range(len(ids))] if offsets else []
+        return openai.PromptScores(ids, scores, texts, at)
+
+    return await trio.to_thread.run_sync(run)
 
 
 async def _chunks(
@@ -181,11 +217,16 @@ async def _chunks(
     head: openai.Head,
     echo: list[str] | None,
     heartbeat_s: float,
+    score: Scorer,
     replies: list[ReplyParser] | None = None,
 ) -> AsyncIterator[bytes]:
-    """``data:`` events until every choice has ended (or one failed), then ``[DONE]``."""
+    """``data:`` events until every choice has ended (or one failed), then ``[DONE]``.
+
+    An echo with log-probabilities waits for the prompt's scores: it goes out with them,
+    in the chunk before the choice's first generated text.
+    """
     with stream:
-        yield _frames(openai.opening(head, len(stream.choices), echo))
+        yield _frames(openai.opening(head, len(stream.choices), None if head.echo_scores else echo))
         while True:
             try:
                 item = await stream.next(heartbeat_s)
@@ -193,8 +234,14 @@ async def _chunks(
                     yield sse.HEARTBEAT
                     continue
                 index, out = item
+                echoed = echo[index] if echo is not None else None
+                chunks = []
+                if out.prompt_logprobs is not None:
+                    prompt = await score(index, out)
+                    chunks.append(openai.prompt_chunk(head, index, prompt, echoed))
+                offset = len(echoed) if head.echo_scores and echoed else 0
                 reply = replies[index] if replies else None
-                frames = _frames(openai.output_chunks(head, index, out, reply))
+                frames = _frames(chunks + openai.output_chunks(head, index, out, reply, offset))
             except Exception:  # noqa: BLE001 - the stream must still end with [DONE]
                 log.exception("stream %s failed", stream.id)
                 stream.fail()
@@ -224,6 +271,7 @@ async def _collect(
     stream: RequestStream,
     head: openai.Head,
     echo: list[str] | None,
+    score: Scorer,
     replies: list[ReplyParser] | None = None,
 ) -> dict[str, Any]:
     """Run every choice to its end and build the one response body.
@@ -243,6 +291,8 @@ async def _collect(
             texts[index].append(out.text_delta)
             if out.logprobs is not None:
                 choices[index].outputs.append(out)
+            if out.prompt_logprobs is not None:
+                choices[index].prompt = await score(index, out)
             if out.outcome is not None:
                 if _failed(out):
                     raise APIError(cast(ErrorCode, out.outcome), out.message)

@@ -19,6 +19,7 @@ from infer.engine.sampling import (
     MAX_LOGPROBS,
     Bias,
     Logprobs,
+    MaxNewTokens,
     MaxTokens,
     Penalty,
     RepetitionPenalty,
@@ -214,6 +215,7 @@ class SamplingFields(_Body):
         seed: int | None,
         logprobs: int = 0,
         grammar: Grammar | None = None,
+        prompt_logprobs: int | None = None,
     ) -> SamplingParams:
         """The engine's parameters for one choice (every value was checked at parsing)."""
         return SamplingParams(
@@ -230,6 +232,7 @@ class SamplingFields(_Body):
             frequency_penalty=self.frequency_penalty,
             logit_bias=dict(self.logit_bias or {}),
             grammar=grammar,
+            prompt_logprobs=prompt_logprobs,
         )
 
     @model_validator(mode="before")
@@ -282,11 +285,17 @@ class _OpenAIFields(SamplingFields):
 
 
 class CompletionRequest(_OpenAIFields):
-    """``POST /v1/completions``."""
+    """``POST /v1/completions``.
+
+    ``echo`` with ``logprobs`` scores the prompt: its tokens start each choice's
+    ``logprobs``. ``max_tokens: 0`` (with ``echo`` or ``prompt_logprobs``) generates nothing.
+    """
 
     prompt: Prompts
+    max_tokens: MaxNewTokens | None = None
     logprobs: Logprobs | None = None
     echo: bool = False
+    prompt_logprobs: Logprobs | None = None
     best_of: Annotated[int, Field(ge=1, le=MAX_CHOICES)] | None = None
     suffix: str | None = None
 
@@ -302,11 +311,25 @@ class CompletionRequest(_OpenAIFields):
             raise ValueError(
                 f"prompt: at most {MAX_FANOUT} completions per request (prompts times n)"
             )
-        if self.echo and self.logprobs is not None:
+        if self.max_tokens == 0 and not self.echo and self.prompt_logprobs is None:
             raise ValueError(
-                "echo with logprobs is not supported (prompt log-probabilities are not computed)"
+                "max_tokens: 0 is only allowed with echo or prompt_logprobs "
+                "(the answer would be empty)"
             )
         return self
+
+    def scored_prompt(self) -> int | None:
+        """Alternatives per prompt token the answer shows; ``None``: the prompt is not
+        scored. (``max_tokens: 0`` with a bare ``echo`` scores it too: the engine runs the
+        prompt for its scores only.)"""
+        wanted = [k for k in (self.prompt_logprobs, self.echo_logprobs()) if k is not None]
+        if not wanted and self.max_tokens == 0:
+            return 0
+        return max(wanted) if wanted else None
+
+    def echo_logprobs(self) -> int | None:
+        """Alternatives per echoed prompt token; ``None``: the echo has no logprobs."""
+        return self.logprobs if self.echo else None
 
     def prompt_list(self) -> list[str | list[int]]:
         """The prompts, one per group of ``n`` choices, in order."""
@@ -357,6 +380,7 @@ class ChatCompletionRequest(_OpenAIFields):
     max_completion_tokens: MaxTokens | None = None
     logprobs: bool = False
     top_logprobs: Logprobs | None = None
+    prompt_logprobs: Logprobs | None = None
     tools: Annotated[list[ToolDefinition], Field(max_length=128)] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
@@ -489,10 +513,26 @@ class ErrorResponse(BaseModel):
     error: ErrorDetail
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = Field(description="prompt tokens served from the prefix cache")
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
+
+
+class PromptTokenLogprob(BaseModel):
+    """One token of vLLM's ``prompt_logprobs`` entries (keyed by token id)."""
+
+    logprob: float
+    rank: int
+    decoded_token: str
+
+
+PromptLogprobs = list[dict[str, PromptTokenLogprob] | None]
 
 
 class CompletionChoice(BaseModel):
@@ -500,6 +540,9 @@ class CompletionChoice(BaseModel):
     text: str
     logprobs: dict[str, Any] | None
     finish_reason: str | None
+    prompt_logprobs: PromptLogprobs | None = Field(
+        None, description="with prompt_logprobs: null for the first prompt token, then each's"
+    )
 
 
 class CompletionResponse(BaseModel):
@@ -532,6 +575,9 @@ class ChatChoice(BaseModel):
     message: AssistantMessage
     logprobs: dict[str, Any] | None
     finish_reason: str | None
+    prompt_logprobs: PromptLogprobs | None = Field(
+        None, description="with prompt_logprobs: null for the first prompt token, then each's"
+    )
 
 
 class ChatCompletionResponse(BaseModel):

@@ -34,6 +34,7 @@ class _Choice:
 
     request_id: str
     prompt_tokens: int
+    cached_tokens: int = 0  # prompt tokens the prefix cache served
     tokens: int = 0  # completion tokens read so far
     pending_tokens: int = 0  # tokens waiting in the overflow list
     tail: list[Any] | None = None  # its newest overflow entry, while it is there
@@ -167,6 +168,7 @@ class RequestStream:
 
     def _record(self, index: int, out: StepOutput) -> None:
         choice = self.choices[index]
+        choice.cached_tokens = max(choice.cached_tokens, out.cached_tokens)
         now = trio.current_time()
         stats, metrics = self.stats, self._metrics
         if out.num_tokens:
@@ -214,15 +216,18 @@ class RequestStream:
         """The server could not go on with this stream (a bug, logged): end it as an error."""
         self.close(client_gone=False)
 
-    def usage(self) -> dict[str, int]:
-        """OpenAI-style token counts of what was read: each prompt once, every choice."""
+    def usage(self) -> dict[str, Any]:
+        """OpenAI-style token counts of what was read: each prompt once, every choice, and
+        how many prompt tokens the prefix cache served (``prompt_tokens_details``)."""
         per_prompt = len(self.choices) // self.prompts
-        prompt = sum(c.prompt_tokens for c in self.choices[::per_prompt])
+        firsts = self.choices[::per_prompt]
+        prompt = sum(c.prompt_tokens for c in firsts)
         completion = sum(c.tokens for c in self.choices)
         return {
             "prompt_tokens": prompt,
             "completion_tokens": completion,
             "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": sum(c.cached_tokens for c in firsts)},
         }
 
     # --- the worker's side ----------------------------------------------------------------
@@ -296,10 +301,15 @@ class RequestStream:
 def _mergeable(out: StepOutput) -> bool:
     """Whether an output may be folded into a neighbour: only plain text, never the end.
 
-    Outputs with logprobs or a trace stay separate (their per-token data would be lost);
-    the pending-token limit still bounds how many are kept.
+    Outputs with logprobs, a trace or prompt scores stay separate (their data would be
+    lost); the pending-token limit still bounds how many are kept.
     """
-    return out.outcome is None and out.logprobs is None and out.trace is None
+    return (
+        out.outcome is None
+        and out.logprobs is None
+        and out.trace is None
+        and out.prompt_logprobs is None
+    )
 
 
 def _merge(a: StepOutput, b: StepOutput) -> StepOutput:

@@ -88,7 +88,16 @@ async def test_fields_that_cannot_be_honoured_are_named(real_app) -> None:
     cases = [
         ("/v1/completions", base | {"best_of": 3, "n": 2}, "best_of", "invalid_value"),
         ("/v1/completions", base | {"suffix": "end"}, "suffix", "invalid_value"),
-        ("/v1/completions", base | {"echo": True, "logprobs": 1}, "echo", "invalid_value"),
+        ("/v1/completions", base | {"max_tokens": 0}, "max_tokens", "invalid_value"),
+        ("/v1/completions", base | {"prompt_logprobs": 21}, "prompt_logprobs", "invalid_value"),
+        ("/v1/completions", base | {"prompt_logprobs": -1}, "prompt_logprobs", "invalid_value"),
+        (
+            "/v1/chat/completions",
+            chat | {"prompt_logprobs": 21},
+            "prompt_logprobs",
+            "invalid_value",
+        ),
+        ("/v1/chat/completions", chat | {"max_tokens": 0}, "max_tokens", "invalid_value"),
         ("/v1/completions", base | {"n": 65}, "n", "invalid_value"),
         ("/v1/completions", base | {"prompt": ["a"] * 33, "n": 2}, "prompt", "invalid_value"),
         ("/v1/completions", base | {"logit_bias": {"1": 101}}, "logit_bias", "invalid_value"),
@@ -200,7 +209,12 @@ async def test_streamed_choices_carry_their_index_and_usage_counts_all(real_app_
         finished[choice["index"]] += choice["finish_reason"] is not None
     assert finished == {0: 1, 1: 1, 2: 1}
     assert [texts[i] for i in range(3)] == [c["message"]["content"] for c in whole["choices"]]
-    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == whole["usage"]
+    assert chunks[-1]["choices"] == []
+    streamed_usage = chunks[-1]["usage"]
+    # The same prompt again: the prefix cache now serves part of it.
+    assert streamed_usage.pop("prompt_tokens_details")["cached_tokens"] > 0
+    assert whole["usage"].pop("prompt_tokens_details") == {"cached_tokens": 0}
+    assert streamed_usage == whole["usage"]
     assert whole["usage"]["completion_tokens"] == 15
 
 

@@ -40,7 +40,18 @@ async def test_openapi_document_and_docs_page(tiny_model, default_tokenizer) -> 
     completions = doc["paths"]["/v1/completions"]["post"]
     body = completions["requestBody"]["content"]["application/json"]["schema"]
     schema = doc["components"]["schemas"].get(body.get("$ref", "").split("/")[-1], body)
-    assert {"prompt", "n", "logit_bias", "response_format"} <= set(schema["properties"])
+    assert {"prompt", "n", "logit_bias", "response_format", "echo", "prompt_logprobs"} <= set(
+        schema["properties"]
+    )
+    components = doc["components"]["schemas"]
+    chat = doc["paths"]["/v1/chat/completions"]["post"]["requestBody"]["content"]
+    chat_schema = chat["application/json"]["schema"]
+    chat_schema = components.get(chat_schema.get("$ref", "").split("/")[-1], chat_schema)
+    assert "prompt_logprobs" in chat_schema["properties"]
+    assert "prompt_logprobs" in components["CompletionChoice"]["properties"]
+    assert "prompt_logprobs" in components["ChatChoice"]["properties"]
+    assert "prompt_tokens_details" in components["Usage"]["properties"]
+    assert "cached_tokens" in components["PromptTokensDetails"]["properties"]
     assert {"200", "422"} <= set(completions["responses"])
     assert {"/tokenize", "/detokenize", "/v1/chat/completions", "/v1/generate"} <= set(doc["paths"])
     assert docs.status_code == 200 and "swagger-ui" in docs.text

@@ -98,6 +98,7 @@ async def test_completion_and_chat_bodies(real_app, default_model) -> None:
         "prompt_tokens": len(tokenizer.encode(PROMPT)),
         "completion_tokens": 6,
         "total_tokens": 10,
+        "prompt_tokens_details": {"cached_tokens": 0},
     }
     assert len(choice["logprobs"]["tokens"]) == 6
     assert all(len(top) == 2 for top in choice["logprobs"]["top_logprobs"])

@@ -91,7 +91,12 @@ async def test_native_event_grammar(real_app, default_model) -> None:
     done = events[-1].json()
     assert done == {
         "finish_reason": "length",
-        "usage": {"prompt_tokens": len(ids), "completion_tokens": 7, "total_tokens": len(ids) + 7},
+        "usage": {
+            "prompt_tokens": len(ids),
+            "completion_tokens": 7,
+            "total_tokens": len(ids) + 7,
+            "prompt_tokens_details": {"cached_tokens": 0},  # the first request
+        },
     }
     assert native_text(events) == plain.json()["choices"][0]["text"]
 

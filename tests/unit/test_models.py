@@ -159,6 +159,30 @@ def test_chunked_prefill_and_decode_over_paged_cache_equal_uncached_forward(pair
 
 
 @torch.inference_mode()
+def test_prompt_rows_of_a_scored_prompt_equal_uncached_forward(pair) -> None:
+    """A request that scores its prompt gets the logits of every prompt position, chunk by
+    chunk, beside another prompt (its kept rows are the whole of its chunk, out of batch
+    order: the finishing row first)."""
+    _, ours = pair
+    ids, other = _ids(11, seed=3), _ids(5, seed=4)
+    full = ours(ids, torch.arange(11)[None]).logits[0]
+    runner, blocks = _runner(ours)
+    req = _request("a", ids, blocks)
+    req.params = SamplingParams(prompt_logprobs=2)
+    b = _request("b", other, blocks)
+    first = runner.run(SchedulerOutput(prefill=[PrefillChunk(req, 0, 6), PrefillChunk(b, 0, 5)]))
+    req.prompt_scores += [None] * 6  # type: ignore[list-item]  # what the engine adds
+    last = runner.run(SchedulerOutput(prefill=[PrefillChunk(req, 6, 5)]))
+    [part1], [part2] = first.prompt_rows, last.prompt_rows
+    assert (part1.start, part2.start) == (0, 6) and last.requests == [req]
+    rows = torch.cat([part1.logits, part2.logits])  # positions 0..9 score tokens 1..10
+    torch.testing.assert_close(rows, full[:10], **TOL)
+    assert last.logits is not None
+    torch.testing.assert_close(last.logits[0], full[10], **TOL)
+    assert first.logits is not None and first.requests == [b]
+
+
+@torch.inference_mode()
 def test_a_sequences_logits_do_not_depend_on_what_shares_its_step(pair) -> None:
     """Bit for bit, in float32: a prompt's one-token last chunk alone in its step and beside
     another prompt's partial chunk (the last layer, which finishes only the rows that get

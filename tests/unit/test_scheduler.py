@@ -218,6 +218,29 @@ def test_prefix_cache_hands_full_blocks_to_a_later_prompt() -> None:
     assert blocks.table("again")[:2] == shared and blocks.hits == 2
 
 
+def test_a_prompt_being_scored_recomputes_what_it_has_not_scored() -> None:
+    """The prefix cache serves a later prompt its cached blocks (counted in its
+    ``cached_tokens``), but not a prompt whose positions still need scoring."""
+    blocks = _blocks(16, prefix_caching=True)
+    s = ContinuousScheduler(EngineConfig(max_batch_size=4, max_seq_len=64), blocks)
+    first = _req("first", 10)
+    s.add_request(first)
+    for c in s.schedule().prefill:
+        c.request.num_cached += c.length
+        blocks.commit(c.request.request_id, c.request.token_ids, c.request.num_cached)
+    _retire(s, first)
+    scored = Request("scored", list(range(1, 11)), SamplingParams(prompt_logprobs=1))
+    plain = Request("plain", list(range(1, 11)), SamplingParams())
+    s.add_request(scored)
+    s.add_request(plain)
+    plan = s.schedule()
+    assert [(c.request, c.start, c.length) for c in plan.prefill] == [
+        (scored, 0, 10),
+        (plain, 8, 2),
+    ]
+    assert (first.cached_tokens, scored.cached_tokens, plain.cached_tokens) == (0, 0, 8)
+
+
 def test_has_work() -> None:
     s = ContinuousScheduler(EngineConfig())
     assert not s.has_work()
