@@ -906,3 +906,46 @@ class AttentionResponse(BaseModel):
     head: int
     tokens: list[str]
     attn: list[list[float]]
+
+
+class ResponseUsageInput(BaseModel):
+    cached_tokens: int = Field(description="input tokens served from the prefix cache")
+
+
+class ResponseUsageOutput(BaseModel):
+    reasoning_tokens: int
+
+
+class ResponseUsage(BaseModel):
+    input_tokens: int
+    input_tokens_details: ResponseUsageInput
+    output_tokens: int
+    output_tokens_details: ResponseUsageOutput
+    total_tokens: int
+
+
+class ResponseOutputItem(BaseModel):
+    """A ``message`` (``role``, ``content``: output_text parts), ``function_call``
+    (``call_id``, ``name``, ``arguments``) or ``reasoning`` (``summary``, ``content``) item."""
+
+    model_config = ConfigDict(extra="allow")
+    id: str
+    type: Literal["message", "function_call", "reasoning"]
+    status: Literal["in_progress", "completed", "incomplete"]
+
+
+class ResponseObject(BaseModel):
+    """``POST /v1/responses`` with ``stream: false`` (streamed: the same object ends the
+    ``response.completed``/``response.incomplete``/``response.failed`` event)."""
+
+    model_config = ConfigDict(extra="allow")  # the echoed request fields
+    id: str
+    object: Literal["response"]
+    created_at: int
+    status: Literal["completed", "incomplete", "failed", "in_progress"]
+    error: dict[str, Any] | None
+    incomplete_details: dict[str, Any] | None
+    model: str
+    output: list[ResponseOutputItem]
+    usage: ResponseUsage | None
+    previous_response_id: str | None

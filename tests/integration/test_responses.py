@@ -235,7 +235,11 @@ async def test_function_call_then_its_result(qwen_app: AppFactory) -> None:
         )
         inline = client.responses.create(
             model=QWEN,
-            input=[{"role": "user", "content": ASK_WEATHER}, call.model_dump(exclude_none=True), result],
+            input=[
+                {"role": "user", "content": ASK_WEATHER},
+                call.model_dump(exclude_none=True),
+                result,
+            ],
             tools=[WEATHER],
             temperature=0,
             max_output_tokens=48,
