@@ -84,6 +84,12 @@ class ErrorCode(StrEnum):
     )
     ORIGIN_NOT_ALLOWED = "origin_not_allowed", 403, False, "this origin is not allowed"
     NOT_FOUND = "not_found", 404, False, "no such route"
+    RESPONSE_NOT_FOUND = (
+        "response_not_found",
+        404,
+        False,
+        "previous_response_id names no stored response (unknown, expired or not stored)",
+    )
     METHOD_NOT_ALLOWED = "method_not_allowed", 405, False, "method not allowed"
     REQUEST_TIMEOUT = "request_timeout", 408, False, "the request took too long to arrive"
     REQUEST_ID_CONFLICT = (

@@ -36,6 +36,9 @@ class ServerConfig:
         drain_timeout_s: At shutdown, how long to wait for streams to send their last event.
         resume_window_s: How long a native stream with a ``request_id`` outlives its last
             reader (a reconnect within it resumes the stream).
+        stored_responses: How many ``/v1/responses`` results are kept for a later
+            ``previous_response_id`` (the oldest goes first).
+        stored_response_ttl_s: How long a stored response can be continued.
         engine: The engine's own configuration (model, batching, queue length).
 
     Raises:
@@ -58,6 +61,8 @@ class ServerConfig:
     settle_min_rows: int = 32
     drain_timeout_s: float = 10.0
     resume_window_s: float = 10.0
+    stored_responses: int = 1024
+    stored_response_ttl_s: float = 3600.0
     engine: EngineConfig = field(default_factory=EngineConfig)
 
     def __post_init__(self) -> None:
@@ -72,6 +77,7 @@ class ServerConfig:
             "output_buffer",
             "max_pending_tokens",
             "max_inspect_tokens",
+            "stored_responses",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -85,6 +91,8 @@ class ServerConfig:
             raise ValueError(f"settle_min_rows must be >= 0, got {self.settle_min_rows}")
         if self.resume_window_s < 0:
             raise ValueError(f"resume_window_s must be >= 0, got {self.resume_window_s}")
+        if not self.stored_response_ttl_s > 0:
+            raise ValueError(f"stored_response_ttl_s must be > 0, got {self.stored_response_ttl_s}")
         if self.drain_timeout_s < 0:
             raise ValueError(f"drain_timeout_s must be >= 0, got {self.drain_timeout_s}")
 

@@ -23,11 +23,13 @@ ROUTES: dict[str, tuple[type[BaseModel] | None, type[BaseModel] | None]] = {
     "api.completions": (s.CompletionRequest, s.CompletionResponse),
     "api.chat_completions": (s.ChatCompletionRequest, s.ChatCompletionResponse),
     "api.generate": (s.GenerateRequest, None),
+    "responses.create_response": (s.ResponsesRequest, s.ResponseObject),
     "api.attention": (s.InspectRequest, s.AttentionResponse),
     "api.tokenize": (s.TokenizeRequest, s.TokenizeResponse),
     "api.detokenize": (s.DetokenizeRequest, s.DetokenizeResponse),
 }
 ERROR_STATUSES = (400, 401, 413, 422, 429, 500, 503)
+EXTRA_STATUSES = {"responses.create_response": (404,)}  # previous_response_id not stored
 
 
 def install(app: QuartTrio, version: str) -> None:
@@ -48,18 +50,20 @@ def install(app: QuartTrio, version: str) -> None:
         view = app.view_functions.get(endpoint)
         if view is None:
             raise KeyError(f"no route {endpoint!r} to document")
-        app.view_functions[endpoint] = _documented(view, request_model, response_model)
+        statuses = ERROR_STATUSES + EXTRA_STATUSES.get(endpoint, ())
+        app.view_functions[endpoint] = _documented(view, request_model, response_model, statuses)
 
 
 def _documented(
     view: Callable[..., Any],
     request_model: type[BaseModel] | None,
     response_model: type[BaseModel] | None,
+    statuses: tuple[int, ...],
 ) -> Callable[..., Any]:
     if request_model is not None:
         view = document_request(request_model)(view)
     if response_model is not None:
         view = document_response(response_model, 200)(view)
-    for status in ERROR_STATUSES:
+    for status in statuses:
         view = document_response(s.ErrorResponse, status)(view)
     return view

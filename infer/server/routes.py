@@ -12,7 +12,7 @@ failed part-way) or a native ``done``/``error`` event.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, cast
 
 import trio
@@ -31,6 +31,7 @@ from infer.server.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
+    FunctionDefinition,
     GenerateRequest,
     InspectRequest,
     NamedToolChoice,
@@ -143,23 +144,37 @@ async def chat_completions() -> Response:
     return await _respond(state, stream, head, body.stream, prompts, replies=replies)
 
 
-def _tool_plan(state: ServerState, body: ChatCompletionRequest) -> ToolPlan:
-    """The request's tools, choice and the call format of the served model's template."""
+def tool_plan(
+    state: ServerState,
+    functions: Sequence[FunctionDefinition],
+    choice: str | None,
+    forced: str | None,
+    parallel: bool | None,
+) -> ToolPlan:
+    """The offered functions, the choice (``auto``, ``required``, or the ``forced`` tool's
+    name) and the call format of the served model's template."""
     offered = tuple(
-        Tool(
-            t.function.name,
-            t.function.description,
-            t.function.parameters or {"type": "object", "properties": {}},
-        )
-        for t in body.tools or []
+        Tool(f.name, f.description, f.parameters or {"type": "object", "properties": {}})
+        for f in functions
     )
-    choice = body.tool_choice
     mode: Mode = "required" if choice == "required" else "auto"
-    if isinstance(choice, NamedToolChoice):
+    if forced is not None:
         mode = "forced"
-        offered = tuple(t for t in offered if t.name == choice.function.name)
+        offered = tuple(t for t in offered if t.name == forced)
     template = getattr(state.engine.tokenizer, "chat_template", None) if state.engine else None
-    return ToolPlan(offered, mode, body.parallel_tool_calls is not False, tool_format(template))
+    return ToolPlan(offered, mode, parallel is not False, tool_format(template))
+
+
+def _tool_plan(state: ServerState, body: ChatCompletionRequest) -> ToolPlan:
+    """A chat request's tool plan."""
+    choice = body.tool_choice
+    return tool_plan(
+        state,
+        [t.function for t in body.tools or []],
+        choice if isinstance(choice, str) else None,
+        choice.function.name if isinstance(choice, NamedToolChoice) else None,
+        body.parallel_tool_calls,
+    )
 
 
 def _engine_logprobs(wanted: int | None) -> int:
@@ -247,7 +262,7 @@ async def _chunks(
                 stream.fail()
                 yield sse.event(openai.error_chunk(ErrorCode.INFERENCE_FAILED)) + sse.DONE
                 return
-            if _failed(out):  # the other choices end with the stream (aborted)
+            if failed(out):  # the other choices end with the stream (aborted)
                 yield frames + sse.DONE
                 return
             if stream.finished:
@@ -262,7 +277,7 @@ def _frames(chunks: list[dict[str, Any]]) -> bytes:
     return b"".join(sse.event(c) for c in chunks)
 
 
-def _failed(out: StepOutput) -> bool:
+def failed(out: StepOutput) -> bool:
     """Whether this output ends its choice with an error (a timeout ends it ``length``)."""
     return isinstance(out.outcome, ErrorCode) and openai.finish_reason(out.outcome) is None
 
@@ -294,7 +309,7 @@ async def _collect(
             if out.prompt_logprobs is not None:
                 choices[index].prompt = await score(index, out)
             if out.outcome is not None:
-                if _failed(out):
+                if failed(out):
                     raise APIError(cast(ErrorCode, out.outcome), out.message)
                 choices[index].finish_reason = openai.finish_reason(out.outcome)
                 outcomes[index] = out.outcome

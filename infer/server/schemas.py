@@ -10,6 +10,7 @@ test checks the answers against them).
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Annotated, Any, Literal, cast
 
 import jsonschema
@@ -440,6 +441,282 @@ def _check_tool_results(messages: list[ChatMessage]) -> None:
             )
 
 
+def check_tool_results(messages: list[ChatMessage]) -> None:
+    """Every tool message answers a call an earlier assistant message made.
+
+    Raises:
+        ValueError: One answers no call (the message says which).
+    """
+    _check_tool_results(messages)
+
+
+# --- /v1/responses ---------------------------------------------------------------------------
+
+
+class InputText(_Body):
+    """A text part of a Responses message (``output_text`` when an earlier output is sent
+    back, with its annotations and logprobs)."""
+
+    type: Literal["input_text", "output_text"]
+    text: str
+    annotations: list[Any] | None = None
+    logprobs: list[Any] | None = None
+
+
+class InputMessage(_Body):
+    """A message of a Responses ``input`` (``type`` may be left out)."""
+
+    type: Literal["message"] | None = None
+    role: Literal["user", "system", "developer", "assistant"]
+    content: str | list[InputText]
+    id: str | None = None
+    status: str | None = None
+    phase: str | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class FunctionCallItem(_Body):
+    """A call the model made earlier (an output item sent back)."""
+
+    type: Literal["function_call"]
+    call_id: Annotated[str, Field(min_length=1)]
+    name: FunctionName
+    arguments: str
+    id: str | None = None
+    status: str | None = None
+
+
+class FunctionCallOutputItem(_Body):
+    """The result of a call, for the model to read."""
+
+    type: Literal["function_call_output"]
+    call_id: Annotated[str, Field(min_length=1)]
+    output: str | list[InputText]
+    id: str | None = None
+    status: str | None = None
+
+    def text(self) -> str:
+        if isinstance(self.output, str):
+            return self.output
+        return "".join(part.text for part in self.output)
+
+
+class ReasoningInputItem(_Body):
+    """An earlier reasoning item sent back: accepted, not shown to the model again (as chat
+    drops an earlier reply's reasoning)."""
+
+    type: Literal["reasoning"]
+    id: str | None = None
+    summary: list[dict[str, Any]] = Field(default_factory=list)
+    content: list[dict[str, Any]] | None = None
+    encrypted_content: str | None = None
+    status: str | None = None
+
+
+InputItem = InputMessage | FunctionCallItem | FunctionCallOutputItem | ReasoningInputItem
+
+
+class FunctionTool(_Body):
+    """A function tool in the Responses shape (the only tool type served here)."""
+
+    type: Literal["function"]
+    name: FunctionName
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+    def definition(self) -> FunctionDefinition:
+        """The chat route's function definition (checks the parameters' schema)."""
+        return FunctionDefinition(
+            name=self.name,
+            description=self.description,
+            parameters=self.parameters,
+            strict=self.strict,
+        )
+
+    @model_validator(mode="after")
+    def _schema(self) -> FunctionTool:
+        self.definition()
+        return self
+
+
+class NamedFunctionChoice(_Body):
+    """``tool_choice: {"type": "function", "name": ...}``."""
+
+    type: Literal["function"]
+    name: FunctionName
+
+
+class TextFormat(_Body):
+    """``text.format``: free text, any JSON object, or JSON that fits a named schema."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    name: Annotated[str, Field(max_length=64)] | None = None
+    description: str | None = None
+    schema_: Annotated[dict[str, Any] | None, Field(alias="schema")] = None
+    strict: bool | None = None
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> TextFormat:
+        if (self.type == "json_schema") != (self.schema_ is not None):
+            raise ValueError("schema is required with type json_schema, and only then")
+        return self
+
+    def response_format(self) -> ResponseFormat:
+        """The chat route's ``response_format`` for this format."""
+        if self.type != "json_schema":
+            return ResponseFormat(type=self.type)
+        named = JSONSchemaFormat(
+            name=self.name or "response",
+            description=self.description,
+            schema_=self.schema_ or {"type": "object"},
+            strict=self.strict,
+        )
+        return ResponseFormat(type="json_schema", json_schema=named)
+
+
+class TextConfig(_Body):
+    format: TextFormat | None = None
+    verbosity: Literal["low", "medium", "high"] | None = None
+
+
+class ReasoningConfig(_Body):
+    """Accepted; the served model reasons as its template lets it, whatever the effort."""
+
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    summary: Literal["auto", "concise", "detailed"] | None = None
+    generate_summary: Literal["auto", "concise", "detailed"] | None = None
+
+
+class ResponsesRequest(_Body):
+    """``POST /v1/responses``: OpenAI's Responses API (text and function calls)."""
+
+    model: str
+    input: str | list[InputItem]
+    instructions: str | None = None
+    max_output_tokens: MaxTokens | None = None
+    temperature: Temperature = 1.0
+    top_p: TopP = 1.0
+    tools: Annotated[list[FunctionTool], Field(max_length=128)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedFunctionChoice | None = None
+    parallel_tool_calls: bool | None = None
+    stream: bool = False
+    previous_response_id: Annotated[str, Field(min_length=1, max_length=128)] | None = None
+    store: bool = True
+    metadata: Annotated[dict[str, Annotated[str, Field(max_length=512)]], Field(max_length=16)] = (
+        Field(default_factory=dict)
+    )
+    text: TextConfig | None = None
+    reasoning: ReasoningConfig | None = None
+    user: str | None = None
+    # Accepted, no effect on a local server (OpenAI's tiers, caching and tracing).
+    service_tier: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    truncation: Literal["disabled"] | None = None
+    background: Literal[False] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nulls_are_defaults(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            nullable = {"temperature", "top_p", "stream", "store", "metadata"}
+            return {k: v for k, v in data.items() if v is not None or k not in nullable}
+        return data
+
+    @model_validator(mode="after")
+    def _honourable(self) -> ResponsesRequest:
+        names = [t.name for t in self.tools or []]
+        if len(set(names)) != len(names):
+            raise ValueError("tools: two tools have the same name")
+        choice = self.tool_choice
+        if isinstance(choice, NamedFunctionChoice) and choice.name not in names:
+            raise ValueError(f"tool_choice names {choice.name!r}, which is not in tools")
+        if choice == "required" and not names:
+            raise ValueError("tool_choice 'required' needs tools")
+        if self.wants_tools() and self.response_format() is not None:
+            raise ValueError("text.format json_schema cannot be combined with tool calls")
+        if isinstance(self.input, list) and not self.input and self.previous_response_id is None:
+            raise ValueError("input: give at least one item")
+        if self.previous_response_id is None:
+            check_tool_results(self.messages([]))
+        return self
+
+    def wants_tools(self) -> bool:
+        """Whether the request needs tool calling (``tools`` given and not switched off)."""
+        return bool(self.tools) and self.tool_choice != "none"
+
+    def response_format(self) -> ResponseFormat | None:
+        """The chat route's ``response_format`` (``None``: free text)."""
+        fmt = self.text.format if self.text is not None else None
+        if fmt is None or fmt.type == "text":
+            return None
+        return fmt.response_format()
+
+    def sampling_fields(self) -> SamplingFields:
+        """The fields admission reads, under the chat route's names."""
+        return SamplingFields(
+            model=self.model,
+            max_tokens=self.max_output_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            response_format=self.response_format(),
+            user=self.user,
+        )
+
+    def function_definitions(self) -> list[FunctionDefinition]:
+        return [t.definition() for t in self.tools or []]
+
+    def forced_tool(self) -> str | None:
+        """The tool ``tool_choice`` names, if it names one."""
+        choice = self.tool_choice
+        return choice.name if isinstance(choice, NamedFunctionChoice) else None
+
+    def messages(self, history: Sequence[ChatMessage]) -> list[ChatMessage]:
+        """This request's input as chat messages after ``history`` (an earlier response's
+        conversation), without the instructions.
+
+        Calls become the tool calls of an assistant message (joined to the assistant
+        message just before them), call outputs tool messages named after their call.
+        """
+        out = list(history)
+        if isinstance(self.input, str):
+            return [*out, ChatMessage(role="user", content=self.input)]
+        names = {c.id: c.function.name for m in out for c in m.tool_calls or []}
+        for item in self.input:
+            if isinstance(item, InputMessage):
+                out.append(ChatMessage(role=item.role, content=item.text()))
+            elif isinstance(item, FunctionCallItem):
+                names[item.call_id] = item.name
+                call = ToolCall(
+                    id=item.call_id,
+                    function=CalledFunction(name=item.name, arguments=item.arguments),
+                )
+                last = out[-1] if out else None
+                if last is not None and last.role == "assistant":
+                    out[-1] = last.model_copy(
+                        update={"tool_calls": [*(last.tool_calls or []), call]}
+                    )
+                else:
+                    out.append(ChatMessage(role="assistant", tool_calls=[call]))
+            elif isinstance(item, FunctionCallOutputItem):
+                out.append(
+                    ChatMessage(
+                        role="tool",
+                        content=item.text(),
+                        tool_call_id=item.call_id,
+                        name=names.get(item.call_id),
+                    )
+                )
+        return out
+
+
 class GenerateRequest(SamplingFields):
     """``POST /v1/generate``: the native event stream."""
 
@@ -629,3 +906,46 @@ class AttentionResponse(BaseModel):
     head: int
     tokens: list[str]
     attn: list[list[float]]
+
+
+class ResponseUsageInput(BaseModel):
+    cached_tokens: int = Field(description="input tokens served from the prefix cache")
+
+
+class ResponseUsageOutput(BaseModel):
+    reasoning_tokens: int
+
+
+class ResponseUsage(BaseModel):
+    input_tokens: int
+    input_tokens_details: ResponseUsageInput
+    output_tokens: int
+    output_tokens_details: ResponseUsageOutput
+    total_tokens: int
+
+
+class ResponseOutputItem(BaseModel):
+    """A ``message`` (``role``, ``content``: output_text parts), ``function_call``
+    (``call_id``, ``name``, ``arguments``) or ``reasoning`` (``summary``, ``content``) item."""
+
+    model_config = ConfigDict(extra="allow")
+    id: str
+    type: Literal["message", "function_call", "reasoning"]
+    status: Literal["in_progress", "completed", "incomplete"]
+
+
+class ResponseObject(BaseModel):
+    """``POST /v1/responses`` with ``stream: false`` (streamed: the same object ends the
+    ``response.completed``/``response.incomplete``/``response.failed`` event)."""
+
+    model_config = ConfigDict(extra="allow")  # the echoed request fields
+    id: str
+    object: Literal["response"]
+    created_at: int
+    status: Literal["completed", "incomplete", "failed", "in_progress"]
+    error: dict[str, Any] | None
+    incomplete_details: dict[str, Any] | None
+    model: str
+    output: list[ResponseOutputItem]
+    usage: ResponseUsage | None
+    previous_response_id: str | None

@@ -25,6 +25,7 @@ from infer.server.config import ServerConfig
 from infer.server.errors import APIError
 from infer.server.metrics import Metrics
 from infer.server.resume import ResumeRegistry
+from infer.server.store import ResponseStore
 from infer.server.worker import EngineWorker, SettlePolicy
 
 if TYPE_CHECKING:
@@ -58,6 +59,7 @@ class ServerState:
         self.status = Status.LOADING
         self.failed = trio.Event()  # set when loading or the engine loop failed
         self.resumable = ResumeRegistry(config.resume_window_s, config.heartbeat_s)
+        self.responses = ResponseStore(config.stored_responses, config.stored_response_ttl_s)
         self._scope = trio.CancelScope()
         self._stopped: trio.Event | None = None
 

@@ -54,6 +54,16 @@ async def test_openapi_document_and_docs_page(tiny_model, default_tokenizer) -> 
     assert "cached_tokens" in components["PromptTokensDetails"]["properties"]
     assert {"200", "422"} <= set(completions["responses"])
     assert {"/tokenize", "/detokenize", "/v1/chat/completions", "/v1/generate"} <= set(doc["paths"])
+    responses = doc["paths"]["/v1/responses"]["post"]
+    body = responses["requestBody"]["content"]["application/json"]["schema"]
+    schema = components.get(body.get("$ref", "").split("/")[-1], body)
+    assert {"input", "instructions", "tools", "previous_response_id", "text"} <= set(
+        schema["properties"]
+    )
+    assert {"200", "404", "422"} <= set(responses["responses"])
+    answer = responses["responses"]["200"]["content"]["application/json"]["schema"]
+    answer = components.get(answer.get("$ref", "").split("/")[-1], answer)
+    assert {"output", "usage", "status", "previous_response_id"} <= set(answer["properties"])
     assert docs.status_code == 200 and "swagger-ui" in docs.text
 
 

@@ -66,6 +66,38 @@ async def test_an_openai_client_that_leaves_aborts_its_request(tiny_app, stream:
     assert stats['infer_requests_total{finish_reason="abort"}'] == 1
 
 
+@pytest.mark.parametrize("stream", [True, False])
+async def test_a_responses_client_that_leaves_aborts_its_request(tiny_app, stream: bool) -> None:
+    gate = StepGate()
+    app = tiny_app(gate=gate)
+    request = {"model": "tiny", "input": PROMPT, "max_output_tokens": 300, "stream": stream}
+    async with (
+        running_server(app) as server,
+        httpx.AsyncClient(base_url=server.url, timeout=120) as client,
+    ):
+        worker = app.extensions["infer"].worker
+        with gate:
+            gate.close()
+            with trio.CancelScope() as leave:
+
+                async def go_away_when_running() -> None:
+                    await wait_for(lambda: gate.blocked and worker.running == 1)
+                    await step_until(
+                        gate, lambda: worker.engine.scheduler.running[0].output_ids != []
+                    )
+                    leave.cancel()
+
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(go_away_when_running)
+                    await client.post("/v1/responses", json=request)
+            await wait_for(lambda: _counter_is(client, "infer_client_disconnects_total", 1))
+            await step_until_idle(
+                gate, lambda: not worker._choices and worker.running == 0, max_steps=3
+            )
+        stats = await metrics(client)
+    assert stats['infer_requests_total{finish_reason="abort"}'] == 1
+
+
 async def _counter_is(client: httpx.AsyncClient, name: str, value: float) -> bool:
     return (await metrics(client)).get(name) == value
 
