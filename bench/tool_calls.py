@@ -19,46 +19,8 @@ from typing import Any
 import httpx
 import jsonschema
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "Get the current weather in a city",
-            "parameters": {
-                "type": "object",
-                "properties": {
-                    "city": {"type": "string"},
-                    "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
-                },
-                "required": ["city"],
-            },
-        },
-    },
-    {
-        "type": "function",
-        "function": {
-            "name": "calculator",
-            "description": "Evaluate an arithmetic expression",
-            "parameters": {
-                "type": "object",
-                "properties": {"expression": {"type": "string"}},
-                "required": ["expression"],
-            },
-        },
-    },
-]
-SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
-QUESTIONS = [
-    "What is the weather in Paris right now?",
-    "Is it raining in Tokyo?",
-    "How warm is it in Cairo today, in fahrenheit?",
-    "What is 17 * 23 + 4?",
-    "Compute the square root of 1764.",
-    "What's 15% of 240?",
-    "Should I take an umbrella in London?",
-    "Add 1234 and 9876.",
-]
+from infer.bench.tool_cases import QUESTIONS, SCHEMAS, TOOLS
+
 CHOICES: dict[str, Any] = {
     "auto": "auto",
     "required": "required",

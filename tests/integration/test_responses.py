@@ -14,26 +14,15 @@ import jsonschema
 import pytest
 import trio
 
+from infer.bench import tool_cases
+from infer.bench.tool_cases import ASK_WEATHER, responses_shape
 from support.server import running_server
 
 pytestmark = pytest.mark.slow
 
 MODEL = "SmolLM2-135M-Instruct"
 QWEN = "qwen2.5-coder-0.5b"
-WEATHER = {
-    "type": "function",
-    "name": "get_weather",
-    "description": "Get the current weather in a city",
-    "parameters": {
-        "type": "object",
-        "properties": {
-            "city": {"type": "string"},
-            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
-        },
-        "required": ["city"],
-    },
-}
-ASK_WEATHER = "What is the weather in Paris right now?"
+WEATHER = responses_shape(tool_cases.WEATHER)
 TEXT_EVENTS = [
     "response.created",
     "response.in_progress",

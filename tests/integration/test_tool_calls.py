@@ -13,41 +13,13 @@ import jsonschema
 import pytest
 import trio
 
+from infer.bench.tool_cases import ASK_WEATHER, SCHEMAS, TOOLS
 from support.server import running_server
 
 pytestmark = pytest.mark.slow
 
 QWEN = "qwen2.5-coder-0.5b"
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Get the current weather in a city",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "city": {"type": "string"},
-                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
-            },
-            "required": ["city"],
-        },
-    },
-}
-CALCULATOR = {
-    "type": "function",
-    "function": {
-        "name": "calculator",
-        "description": "Evaluate an arithmetic expression",
-        "parameters": {
-            "type": "object",
-            "properties": {"expression": {"type": "string"}},
-            "required": ["expression"],
-        },
-    },
-}
-TOOLS = [WEATHER, CALCULATOR]
-SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
-ASK = [{"role": "user", "content": "What is the weather in Paris right now?"}]
+ASK = [{"role": "user", "content": ASK_WEATHER}]
 CHOICES: list[Any] = ["auto", "required", {"type": "function", "function": {"name": "calculator"}}]
 
 

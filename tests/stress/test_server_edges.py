@@ -36,9 +36,16 @@ def body(max_tokens: int, **extra: Any) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("stream", [True, False])
-async def test_an_openai_client_that_leaves_aborts_its_request(tiny_app, stream: bool) -> None:
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/responses"])
+async def test_an_openai_client_that_leaves_aborts_its_request(
+    tiny_app, path: str, stream: bool
+) -> None:
     gate = StepGate()
     app = tiny_app(gate=gate)
+    if path == "/v1/responses":
+        request = {"model": "tiny", "input": PROMPT, "max_output_tokens": 300, "stream": stream}
+    else:
+        request = body(300, stream=stream)
     async with (
         running_server(app) as server,
         httpx.AsyncClient(base_url=server.url, timeout=120) as client,
@@ -57,39 +64,7 @@ async def test_an_openai_client_that_leaves_aborts_its_request(tiny_app, stream:
 
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(go_away_when_running)
-                    await client.post("/v1/completions", json=body(300, stream=stream))
-            await wait_for(lambda: _counter_is(client, "infer_client_disconnects_total", 1))
-            await step_until_idle(
-                gate, lambda: not worker._choices and worker.running == 0, max_steps=3
-            )
-        stats = await metrics(client)
-    assert stats['infer_requests_total{finish_reason="abort"}'] == 1
-
-
-@pytest.mark.parametrize("stream", [True, False])
-async def test_a_responses_client_that_leaves_aborts_its_request(tiny_app, stream: bool) -> None:
-    gate = StepGate()
-    app = tiny_app(gate=gate)
-    request = {"model": "tiny", "input": PROMPT, "max_output_tokens": 300, "stream": stream}
-    async with (
-        running_server(app) as server,
-        httpx.AsyncClient(base_url=server.url, timeout=120) as client,
-    ):
-        worker = app.extensions["infer"].worker
-        with gate:
-            gate.close()
-            with trio.CancelScope() as leave:
-
-                async def go_away_when_running() -> None:
-                    await wait_for(lambda: gate.blocked and worker.running == 1)
-                    await step_until(
-                        gate, lambda: worker.engine.scheduler.running[0].output_ids != []
-                    )
-                    leave.cancel()
-
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(go_away_when_running)
-                    await client.post("/v1/responses", json=request)
+                    await client.post(path, json=request)
             await wait_for(lambda: _counter_is(client, "infer_client_disconnects_total", 1))
             await step_until_idle(
                 gate, lambda: not worker._choices and worker.running == 0, max_steps=3
