@@ -78,10 +78,11 @@ def validation_message(error: ValidationError) -> str:
 
 def check_model(state: ServerState, model: str | None) -> None:
     """Refuse a ``model`` other than the loaded one; ``None`` means the loaded one."""
-    if model is not None and model not in (state.model_name, state.config.engine.model):
+    if model is not None and not state.serves(model):
+        names = ", ".join(repr(n) for n in state.model_names)
         raise APIError(
             ErrorCode.MODEL_NOT_FOUND,
-            f"model {model!r} is not served here; this server serves {state.model_name!r}",
+            f"model {model!r} is not served here; this server serves {names}",
         )
 
 

@@ -39,6 +39,9 @@ class ServerConfig:
         stored_responses: How many ``/v1/responses`` results are kept for a later
             ``previous_response_id`` (the oldest goes first).
         stored_response_ttl_s: How long a stored response can be continued.
+        served_model_names: Names the model answers to (``--served-model-name``, repeatable;
+            the first is the one responses carry and ``/v1/models`` lists first). Empty: the
+            model's own name.
         engine: The engine's own configuration (model, batching, queue length).
 
     Raises:
@@ -48,6 +51,7 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     api_keys: tuple[str, ...] = ()
+    served_model_names: tuple[str, ...] = ()
     cors_origins: tuple[str, ...] = ()
     max_prompt_bytes: int = 16384
     max_body_bytes: int = 262144

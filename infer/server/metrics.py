@@ -151,6 +151,7 @@ class Metrics:
             self.ttft.family(),
             self.itl.family(),
             *_cache_families(cache or dict.fromkeys(CACHE_METRICS, 0)),
+            *_gateway_families(running, waiting, cache),
         ]
 
 
@@ -187,3 +188,25 @@ def _expose(families: Sequence[Metric]) -> str:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Families(families))
     return generate_latest(registry).decode("utf-8")
+
+
+def _gateway_families(
+    running: int, waiting: int, cache: Mapping[str, int] | None
+) -> list[GaugeMetricFamily]:
+    """The three gauges the Kubernetes inference gateway's model-server protocol reads (vLLM's
+    names), so llm-d or KServe can route to this server as they route to vLLM."""
+    used = cache.get("infer_kv_blocks_used", 0) if cache else 0
+    total = cache.get("infer_kv_blocks_total", 0) if cache else 0
+    return [
+        GaugeMetricFamily(
+            "vllm:num_requests_waiting", "Requests queued (as vLLM names it).", waiting
+        ),
+        GaugeMetricFamily(
+            "vllm:num_requests_running", "Requests running (as vLLM names it).", running
+        ),
+        GaugeMetricFamily(
+            "vllm:kv_cache_usage_perc",
+            "Share of KV cache blocks in use, 0 to 1 (as vLLM names it).",
+            used / total if total else 0.0,
+        ),
+    ]

@@ -54,20 +54,71 @@ DECIMALS = 6  # attention weights: float32 carries about 7 significant digits
 
 @blueprint.get("/v1/models")
 async def models() -> Response:
-    """The one model this server serves, with its context length."""
+    """The one model this server serves, under each of its served names, with its context
+    length."""
     state = get_state()
+    cards = [
+        {
+            "id": name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "infer",
+            "max_model_len": state.max_model_len,
+        }
+        for name in state.model_names
+    ]
+    return jsonify({"object": "list", "data": cards})
+
+
+# --- what a gateway asks of a worker (SGLang Model Gateway's probes) -----------------------
+
+
+@blueprint.get("/get_model_info")
+@blueprint.get("/model_info")
+async def model_info() -> Response:
+    """The model, in SGLang's shape (the gateway names its workers' model from it)."""
+    state = get_state()
+    engine, _ = state.require_ready()
+    config = engine.model.config
     return jsonify(
         {
-            "object": "list",
-            "data": [
-                {
-                    "id": state.model_name,
-                    "object": "model",
-                    "created": 0,
-                    "owned_by": "infer",
-                    "max_model_len": state.max_model_len,
-                }
-            ],
+            "model_path": state.config.engine.model,
+            "tokenizer_path": state.config.engine.model,
+            "served_model_name": state.model_name,
+            "is_generation": True,
+            "supports_vision": False,
+            "model_type": config.architecture,
+            "architectures": [config.architecture],
+            "max_context_length": state.max_model_len,
+            "max_req_input_len": state.max_model_len - 1,
+            "vocab_size": config.vocab_size,
+            "eos_token_ids": sorted(engine.eos_token_ids),
+            "weight_version": "default",
+        }
+    )
+
+
+@blueprint.get("/get_server_info")
+@blueprint.get("/server_info")
+async def server_info() -> Response:
+    """The server's limits and version, in SGLang's shape."""
+    from infer import __version__
+
+    state = get_state()
+    engine, _ = state.require_ready()
+    return jsonify(
+        {
+            "model_path": state.config.engine.model,
+            "tokenizer_path": state.config.engine.model,
+            "served_model_name": state.model_name,
+            "served_model_names": list(state.model_names),
+            "context_length": state.max_model_len,
+            "max_running_requests": engine.config.max_batch_size,
+            "max_total_num_tokens": engine.blocks.num_blocks * engine.config.block_size,
+            "page_size": engine.config.block_size,
+            "dtype": engine.config.dtype,
+            "version": __version__,
+            "backend": "infer",
         }
     )
 

@@ -65,7 +65,21 @@ class ServerState:
 
     @property
     def model_name(self) -> str:
-        return self.engine.model_name if self.engine is not None else self.config.engine.model
+        """The name responses carry: the first served name, else the model's own."""
+        return self.model_names[0]
+
+    @property
+    def model_names(self) -> tuple[str, ...]:
+        """Every name the model is listed under (``--served-model-name``, or its own)."""
+        if self.config.served_model_names:
+            return self.config.served_model_names
+        return (self.engine.model_name if self.engine is not None else self.config.engine.model,)
+
+    def serves(self, name: str) -> bool:
+        """Whether a request for model ``name`` is for this server's model: a served name,
+        the model's own name, or the ``--model`` it was started with."""
+        own = self.engine.model_name if self.engine is not None else None
+        return name in self.model_names or name in (own, self.config.engine.model)
 
     @property
     def max_model_len(self) -> int:

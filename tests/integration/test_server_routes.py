@@ -54,6 +54,39 @@ async def test_health_models_and_metrics(real_app) -> None:
         assert name in text.splitlines(), name
 
 
+async def test_served_model_names_are_aliases_and_gateway_probes_answer(real_app) -> None:
+    """``--served-model-name`` (repeatable): each name is listed and accepted, the first is
+    the one responses carry; the gateway's probes and vLLM's three gauges answer."""
+    async with (
+        running_server(real_app(served_model_names=("smol", "default"))) as server,
+        httpx.AsyncClient(base_url=server.url, timeout=120) as client,
+    ):
+        models = (await client.get("/v1/models")).json()
+        answers = [
+            await client.post(
+                "/v1/completions", json={"model": name, "prompt": PROMPT, "max_tokens": 2}
+            )
+            for name in ("smol", "default", MODEL)
+        ]
+        unknown = await client.post(
+            "/v1/completions", json={"model": "gpt-4", "prompt": PROMPT, "max_tokens": 2}
+        )
+        model_info = (await client.get("/get_model_info")).json()
+        server_info = (await client.get("/get_server_info")).json()
+        also = (await client.get("/server_info")).json()
+        metrics = (await client.get("/metrics")).text.splitlines()
+    assert [m["id"] for m in models["data"]] == ["smol", "default"]
+    assert all(r.status_code == 200 and r.json()["model"] == "smol" for r in answers)
+    assert_error(unknown, 422, "model_not_found")
+    assert model_info["served_model_name"] == "smol" and model_info["is_generation"] is True
+    assert model_info["max_context_length"] == 512
+    assert server_info == also and server_info["served_model_names"] == ["smol", "default"]
+    assert server_info["max_running_requests"] == 4
+    for line in ("vllm:num_requests_running 0.0", "vllm:num_requests_waiting 0.0"):
+        assert line in metrics
+    assert "vllm:kv_cache_usage_perc 0.0" in metrics
+
+
 async def test_completion_and_chat_bodies(real_app, default_model) -> None:
     tokenizer = default_model.tokenizer
     async with (

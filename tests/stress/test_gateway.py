@@ -81,6 +81,7 @@ async def test_two_replicas_behind_the_gateway_carry_64_streams(tiny_app) -> Non
                 base_url=f"http://127.0.0.1:{port}", timeout=120
             ) as client:
                 await wait_for(lambda: _gateway_ready(client), timeout_s=120, poll_s=0.5)
+                models = (await client.get("/v1/models")).json()
                 texts: list[str] = []
                 async with trio.open_nursery() as nursery:
                     for i in range(STREAMS):
@@ -94,6 +95,7 @@ async def test_two_replicas_behind_the_gateway_carry_64_streams(tiny_app) -> Non
                 assert (await client.get("/health")).status_code == 200
                 stats = await metrics(client)
                 served.append(stats['infer_requests_total{finish_reason="length"}'])
+    assert "tiny" in [m["id"] for m in models["data"]]  # the workers' name, not "unknown"
     assert len(texts) == STREAMS
     for text in texts:
         assert text.endswith("data: [DONE]\n\n") and text.count("data: [DONE]") == 1
