@@ -182,3 +182,28 @@ async def test_structured_output_applies_to_the_answer_not_the_thinking(
     message = whole["choices"][0]["message"]
     assert message["reasoning_content"] == "free text { [ here"
     assert json.loads(message["content"]) == {"a": 1}
+
+
+async def test_the_responses_api_gives_reasoning_its_own_item(thinking_app: Any) -> None:
+    app = _script(thinking_app, "<think>Recall the capital.</think>\n\nParis.")
+    body = {"model": "tiny-qwen3", "input": "What is the capital of France?", "temperature": 0}
+    async with running_server(app) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+            whole = (await client.post("/v1/responses", json=body)).json()
+            events = []
+            async with client.stream("POST", "/v1/responses", json=body | {"stream": True}) as r:
+                async for line in r.aiter_lines():
+                    if line.startswith("data: {"):
+                        events.append(json.loads(line[6:]))
+    kinds = [item["type"] for item in whole["output"]]
+    assert kinds == ["reasoning", "message"]
+    assert whole["output"][0]["content"][0]["text"] == "Recall the capital."
+    assert whole["output"][1]["content"][0]["text"] == "Paris."
+    assert whole["usage"]["output_tokens_details"]["reasoning_tokens"] > 0
+    assert events[-1]["type"] == "response.completed"
+    assert (
+        events[-1]["response"]["output"] == whole["output"]
+        or [i["type"] for i in events[-1]["response"]["output"]] == kinds
+    )
+    deltas = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+    assert deltas == "Paris."
