@@ -110,3 +110,36 @@ def test_qwen2_is_served_with_its_chat_template(quantized: LoadedModel) -> None:
     assert "def " in answer  # it writes Python, as this model does when asked
     # the server formats chat with the file's template, as the tokenizer does here
     assert plain.json()["usage"]["prompt_tokens"] == len(_prompt(quantized))
+
+
+async def test_qwen2_serves_every_route(qwen_app) -> None:
+    """Completions (streamed and not), the native stream, tokenizing and attention
+    inspection on the real Qwen2.5 (chat is above, tools and Responses in their own tests)."""
+    from support.server import running_server
+
+    prompt = "def add(a, b):"
+    body = {"model": NAME, "prompt": prompt, "max_tokens": 12, "temperature": 0}
+    async with running_server(qwen_app()) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=120) as client:
+            whole = (await client.post("/v1/completions", json=body)).json()
+            streamed = ""
+            async with client.stream("POST", "/v1/completions", json=body | {"stream": True}) as r:
+                async for line in r.aiter_lines():
+                    if line.startswith("data: {"):
+                        streamed += json.loads(line[6:])["choices"][0]["text"]
+            native = await client.post(
+                "/v1/generate", json={"prompt": prompt, "max_tokens": 4, "temperature": 0}
+            )
+            ids = (await client.post("/tokenize", json={"prompt": prompt})).json()["tokens"]
+            text = (await client.post("/detokenize", json={"tokens": ids})).json()["prompt"]
+            attention = await client.post(
+                "/v1/inspect/attention", json={"prompt": prompt, "layer": 23, "head": 13}
+            )
+    answer = whole["choices"][0]["text"]
+    assert answer and streamed == answer  # greedy: the same text both ways
+    events = [line for line in native.text.splitlines() if line.startswith("event: ")]
+    assert events[0] == "event: started" and events[-1] == "event: done"
+    assert events.count("event: token") == 4
+    assert text == prompt
+    rows = attention.json()["attn"]
+    assert len(rows) == len(ids) and all(abs(sum(r) - 1) < 1e-3 for r in rows)
