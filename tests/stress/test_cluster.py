@@ -241,6 +241,7 @@ async def test_a_replica_killed_mid_load_ends_its_streams_and_the_other_keeps_se
                         await trio.sleep(0.2)
                     os.kill(one.pid, signal.SIGKILL)
             after = [await _chat(client, f"Say hello ({i}).") for i in range(6)]
+        print(f"\nstreams when a replica was killed: {sorted(results)}")
         assert running.process.poll() is None  # the gateway outlives a replica it fronts
         assert len(results) == 8
         assert any(r != "done" for r in results), results  # the killed replica's streams
