@@ -17,6 +17,7 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 import httpx
 import pytest
@@ -38,12 +39,12 @@ class Running:
     gateway: str
     replicas: dict[str, str]  # url -> name
     pids: list[int]  # the gateway's, then each local replica's
-    lines: list[str]
+    lines: list[str]  # its stdout
+    errors: list[str]  # its stderr (and the logs of the pieces)
 
 
-def _read_lines(process: subprocess.Popen[str], lines: list[str], done: threading.Event) -> None:
-    assert process.stdout is not None
-    for line in process.stdout:
+def _read_lines(stream: IO[str], lines: list[str], done: threading.Event) -> None:
+    for line in stream:
         lines.append(line.rstrip("\n"))
         if line.startswith("gateway:"):
             done.set()
@@ -66,18 +67,25 @@ def cluster(*args: str) -> Iterator[Running]:
         "--gateway-arg=--log-level=warn",
         *args,
     ]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     lines: list[str] = []
+    errors: list[str] = []
     done = threading.Event()
-    threading.Thread(target=_read_lines, args=(process, lines, done), daemon=True).start()
+    for stream, into, event in (
+        (process.stdout, lines, done),
+        (process.stderr, errors, threading.Event()),
+    ):
+        reader = threading.Thread(target=_read_lines, args=(stream, into, event))
+        reader.daemon = True
+        reader.start()
     try:
-        assert done.wait(STARTUP_TIMEOUT_S), f"no gateway line; output: {lines}"
+        assert done.wait(STARTUP_TIMEOUT_S), f"no gateway line; output: {lines} {errors[-20:]}"
         assert process.poll() is None, f"exited {process.returncode}; output: {lines}"
         found = [m.groups() for m in map(LINE.match, lines) if m]
         gateway = [(url, int(pid)) for name, url, pid in found if name == "gateway"]
         replicas = {url: name for name, url, _ in found if name != "gateway"}
         pids = [gateway[0][1], *(int(pid) for name, _, pid in found if name != "gateway")]
-        yield Running(process, gateway[0][0], replicas, pids, lines)
+        yield Running(process, gateway[0][0], replicas, pids, lines, errors)
     finally:
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)
@@ -249,3 +257,13 @@ async def test_a_replica_killed_mid_load_ends_its_streams_and_the_other_keeps_se
         for text in after:
             assert text.endswith("data: [DONE]\n\n") and '"error"' not in text, text
         assert await _metric(urls[1], "infer_requests_total") >= 6 + results.count("done")
+
+
+async def test_cluster_stops_everything_and_fails_when_a_replica_dies() -> None:
+    with cluster("--replicas", "2", "--", *SERVE) as running:
+        os.kill(running.pids[1], signal.SIGKILL)  # replica 1
+        code = await trio.to_thread.run_sync(running.process.wait, STOP_TIMEOUT_S)
+    assert code == 1
+    assert not [pid for pid in running.pids if _alive(pid)]
+    said = [line for line in running.errors if line.startswith("infer cluster: error:")]
+    assert len(said) == 1 and "replica 1" in said[0] and "exited unexpectedly" in said[0], said
