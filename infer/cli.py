@@ -1,4 +1,4 @@
-"""The `infer` command line: generate, serve and bench."""
+"""The `infer` command line: generate, serve, bench and cluster."""
 
 from __future__ import annotations
 
@@ -57,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_generate(commands)
     _add_serve(commands)
     _add_bench(commands)
+    _add_cluster(commands)
     return parser
 
 
@@ -256,6 +257,112 @@ def _add_bench(commands: argparse._SubParsersAction) -> None:
         "bench/results/<date>-<host>.json and .md plus PNG charts, and print the tables.",
     )
     add_arguments(p)
+
+
+def _add_cluster(commands: argparse._SubParsersAction) -> None:
+    from infer.cluster import POLICIES, STARTUP_TIMEOUT_S, STOP_TIMEOUT_S
+
+    p = commands.add_parser(
+        "cluster",
+        help="run replicas of `infer serve` behind SGLang Model Gateway (sglang-router)",
+        description="Start --replicas local `infer serve` replicas on free ports (or use "
+        "--worker-url replicas running elsewhere), wait for each one's /health, then start "
+        "the gateway in front of them and print where each piece listens. SIGINT/SIGTERM "
+        "stops them all (the replicas drain their open streams); so does a piece that "
+        "exits on its own (exit status 1). Flags after `--` go to every replica's "
+        "`infer serve`.",
+    )
+    _add_model_args(p)
+    p.add_argument(
+        "--replicas", type=int, default=2, help="local replicas to start (default: %(default)s)"
+    )
+    p.add_argument(
+        "--worker-url",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="a replica running elsewhere (repeatable); start only the gateway, in front of these",
+    )
+    p.add_argument(
+        "--serve-arg",
+        action="append",
+        default=[],
+        metavar="FLAG",
+        help="an `infer serve` flag for every replica, e.g. --serve-arg=--max-batch-size=32 "
+        "(repeatable; or put them after `--`)",
+    )
+    p.add_argument(
+        "--replica-host",
+        default="127.0.0.1",
+        help="the address local replicas bind (default: %(default)s)",
+    )
+    p.add_argument(
+        "--host", default="127.0.0.1", help="the gateway's address (default: %(default)s)"
+    )
+    p.add_argument(
+        "--port", type=int, default=8000, help="the gateway's port (default: %(default)s)"
+    )
+    p.add_argument(
+        "--policy",
+        choices=POLICIES,
+        default="cache_aware",
+        help="the gateway's routing policy (default: %(default)s)",
+    )
+    p.add_argument(
+        "--gateway-metrics-port",
+        type=int,
+        default=29000,
+        help="the gateway's Prometheus port (default: %(default)s)",
+    )
+    p.add_argument(
+        "--gateway-arg",
+        action="append",
+        default=[],
+        metavar="FLAG",
+        help="a further `sglang-router launch` flag, e.g. --gateway-arg=--log-level=warn "
+        "(repeatable)",
+    )
+    p.add_argument(
+        "--startup-timeout",
+        type=float,
+        default=STARTUP_TIMEOUT_S,
+        metavar="S",
+        help="longest wait for the replicas, then for the gateway (default: %(default)s)",
+    )
+    p.add_argument(
+        "--stop-timeout",
+        type=float,
+        default=STOP_TIMEOUT_S,
+        metavar="S",
+        help="how long the pieces get to exit after SIGTERM before SIGKILL (default: %(default)s)",
+    )
+    p.add_argument("serve_args", nargs="*", metavar="-- SERVE_FLAGS", help=argparse.SUPPRESS)
+    p.set_defaults(command=_cluster)
+
+
+def _cluster(args: argparse.Namespace) -> int:
+    from infer.cluster import ClusterError, run_cluster
+
+    serve_args = [*args.serve_arg, *(a for a in args.serve_args if a != "--")]
+    try:
+        return run_cluster(
+            replicas=args.replicas,
+            worker_urls=args.worker_url,
+            model=args.model,
+            dtype=args.dtype,
+            serve_args=serve_args,
+            replica_host=args.replica_host,
+            host=args.host,
+            port=args.port,
+            policy=args.policy,
+            metrics_port=args.gateway_metrics_port,
+            gateway_args=args.gateway_arg,
+            startup_timeout_s=args.startup_timeout,
+            stop_timeout_s=args.stop_timeout,
+        )
+    except ClusterError as e:
+        print(f"infer cluster: error: {e}", file=sys.stderr)
+        return 1
 
 
 def stream_completion(

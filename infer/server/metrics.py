@@ -85,6 +85,8 @@ class Metrics:
         self.client_disconnects = 0
         self.stream_resumes = 0
         self.generated_tokens = 0
+        self.prompt_tokens = 0  # of requests that ended
+        self.cached_prompt_tokens = 0  # of those, what the prefix cache served
         # running, waiting, ready, KV cache counters: set by each render
         self._live: tuple[int, int, bool, Mapping[str, int] | None] = (0, 0, False, None)
         self.registry = CollectorRegistry(auto_describe=False)
@@ -142,6 +144,16 @@ class Metrics:
             ),
             CounterMetricFamily(
                 "infer_generated_tokens", "Tokens generated for clients.", self.generated_tokens
+            ),
+            CounterMetricFamily(
+                "infer_prompt_tokens",
+                "Prompt tokens of requests that ended.",
+                self.prompt_tokens,
+            ),
+            CounterMetricFamily(
+                "infer_prompt_tokens_cached",
+                "Prompt tokens of requests that ended that the prefix cache served.",
+                self.cached_prompt_tokens,
             ),
             CounterMetricFamily(
                 "infer_stream_resumes",

@@ -184,6 +184,8 @@ class RequestStream:
             metrics.generated_tokens += out.num_tokens
         if out.outcome is not None:
             choice.read_last = True
+            metrics.prompt_tokens += choice.prompt_tokens
+            metrics.cached_prompt_tokens += choice.cached_tokens
             outcome = out.outcome
             metrics.finished[
                 outcome.finish_reason if isinstance(outcome, ErrorCode) else outcome.value

@@ -1,0 +1,313 @@
+"""``infer cluster``: local replicas of ``infer serve`` behind SGLang Model Gateway.
+
+The command starts N replicas (each ``infer serve`` on its own free port, same model, same
+serve flags), waits until every one answers ``GET /health`` with 200, then starts the
+gateway (``sglang-router launch``) in front of them, or in front of ``--worker-url``
+replicas that run elsewhere, and waits for it too. It prints one line per piece, then
+watches them: SIGINT or SIGTERM stops everything (SIGTERM to each, which makes a replica
+drain its open streams; SIGKILL for whatever is left after the stop timeout), and so does
+a piece that exits on its own, with exit status 1 and a line saying which.
+
+Every child runs in its own session, so a Ctrl-C in the terminal reaches this process
+only, and the stop order is this module's to choose.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+
+import httpx
+
+from infer.bench.servers import free_port
+
+GATEWAY_BINARY = "sglang-router"
+POLICIES = ("cache_aware", "round_robin", "random", "power_of_two", "manual")
+STARTUP_TIMEOUT_S = 300.0  # model load on a busy machine
+STOP_TIMEOUT_S = 30.0
+POLL_S = 0.25
+EXIT_FAILED = 1
+
+
+class ClusterError(Exception):
+    """The cluster cannot start or a piece of it failed (the message says which)."""
+
+
+@dataclass
+class Piece:
+    """One process of the cluster: a replica or the gateway."""
+
+    name: str
+    url: str
+    process: subprocess.Popen[bytes]
+    ready_path: str
+
+
+def gateway_binary() -> Path:
+    """``sglang-router`` next to this Python (its virtual environment), else on ``PATH``.
+
+    Raises:
+        ClusterError: It is not installed.
+    """
+    beside = Path(sys.executable).with_name(GATEWAY_BINARY)
+    if beside.is_file():
+        return beside
+    found = shutil.which(GATEWAY_BINARY)
+    if found:
+        return Path(found)
+    raise ClusterError(
+        f"{GATEWAY_BINARY} (SGLang Model Gateway) is not installed; "
+        "install it with: pip install 'infer[cluster]'"
+    )
+
+
+def url_of(host: str, port: int) -> str:
+    """``http://host:port``, with brackets around an IPv6 address; ``0.0.0.0`` and ``::``
+    (every interface) are reached on loopback."""
+    reach = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+    return f"http://[{reach}]:{port}" if ":" in reach else f"http://{reach}:{port}"
+
+
+def replica_command(
+    host: str, port: int, model: str, dtype: str, serve_args: Sequence[str]
+) -> list[str]:
+    """``infer serve`` in this interpreter on ``host:port``, with ``serve_args`` after."""
+    return [
+        sys.executable,
+        "-m",
+        "infer",
+        "serve",
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--model",
+        model,
+        "--dtype",
+        dtype,
+        *serve_args,
+    ]
+
+
+def gateway_command(
+    binary: Path,
+    host: str,
+    port: int,
+    worker_urls: Sequence[str],
+    policy: str,
+    metrics_port: int,
+    gateway_args: Sequence[str] = (),
+) -> list[str]:
+    """``sglang-router launch`` on ``host:port`` in front of ``worker_urls``."""
+    return [
+        str(binary),
+        "launch",
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--worker-urls",
+        *worker_urls,
+        "--policy",
+        policy,
+        "--prometheus-port",
+        str(metrics_port),
+        *gateway_args,
+    ]
+
+
+class Cluster:
+    """The running pieces, started in order and stopped together.
+
+    Args:
+        out: Where the address lines go (stdout); logs of the pieces go to stderr.
+        stop_timeout_s: How long the pieces get to exit after SIGTERM before SIGKILL.
+    """
+
+    def __init__(self, out: Callable[[str], None], stop_timeout_s: float = STOP_TIMEOUT_S):
+        self.pieces: list[Piece] = []
+        self.out = out
+        self.stop_timeout_s = stop_timeout_s
+        self.signalled: int | None = None
+
+    def on_signal(self, signum: int, frame: FrameType | None) -> None:
+        """SIGINT/SIGTERM handler: ask the watch loop to stop."""
+        self.signalled = signum
+
+    def start(self, name: str, command: list[str], url: str, ready_path: str) -> Piece:
+        """Start ``command`` in its own session, its output on this process's stderr."""
+        process = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=sys.stderr.fileno(),
+            stderr=sys.stderr.fileno(),
+            start_new_session=True,
+        )
+        piece = Piece(name, url, process, ready_path)
+        self.pieces.append(piece)
+        return piece
+
+    def wait_ready(self, pieces: Sequence[Piece], timeout_s: float) -> bool:
+        """Wait until every piece answers 200 at its ready path.
+
+        Returns:
+            Whether they did; false when a signal came first.
+
+        Raises:
+            ClusterError: A piece exited, or was not ready within ``timeout_s``.
+        """
+        waiting = list(pieces)
+        deadline = time.monotonic() + timeout_s
+        with httpx.Client(timeout=5.0) as client:
+            while waiting:
+                if self.signalled is not None:
+                    return False
+                self.check_alive()
+                for piece in list(waiting):
+                    try:
+                        response = client.get(piece.url + piece.ready_path)
+                    except httpx.HTTPError:
+                        continue
+                    if response.status_code == 200:
+                        waiting.remove(piece)
+                if time.monotonic() > deadline:
+                    names = ", ".join(p.name for p in waiting)
+                    raise ClusterError(f"{names} not ready after {timeout_s:.0f} s")
+                if waiting:
+                    time.sleep(POLL_S)
+        return True
+
+    def check_alive(self) -> None:
+        """Raise :class:`ClusterError` naming the first piece that has exited."""
+        for piece in self.pieces:
+            code = piece.process.poll()
+            if code is not None:
+                raise ClusterError(
+                    f"{piece.name} ({piece.url}, pid {piece.process.pid}) exited "
+                    f"unexpectedly with status {code}"
+                )
+
+    def watch(self) -> None:
+        """Return at the first signal; raise :class:`ClusterError` when a piece exits."""
+        while self.signalled is None:
+            self.check_alive()
+            time.sleep(POLL_S)
+
+    def stop(self) -> None:
+        """SIGTERM every piece (the gateway first), wait, then SIGKILL what is left."""
+        for piece in reversed(self.pieces):  # the gateway was started last
+            if piece.process.poll() is None:
+                piece.process.terminate()
+        deadline = time.monotonic() + self.stop_timeout_s
+        for piece in self.pieces:
+            try:
+                piece.process.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                print(
+                    f"infer cluster: {piece.name} (pid {piece.process.pid}) did not stop in "
+                    f"{self.stop_timeout_s:.0f} s; killing it",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                piece.process.kill()
+                piece.process.wait()
+            # Whatever a piece started itself goes with it.
+            try:
+                os.killpg(piece.process.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def run_cluster(
+    *,
+    replicas: int,
+    worker_urls: Sequence[str],
+    model: str,
+    dtype: str,
+    serve_args: Sequence[str],
+    replica_host: str,
+    host: str,
+    port: int,
+    policy: str,
+    metrics_port: int,
+    gateway_args: Sequence[str] = (),
+    startup_timeout_s: float = STARTUP_TIMEOUT_S,
+    stop_timeout_s: float = STOP_TIMEOUT_S,
+) -> int:
+    """Run the cluster until SIGINT/SIGTERM or until a piece exits.
+
+    Args:
+        replicas: Local replicas to start (ignored when ``worker_urls`` is given).
+        worker_urls: Replicas running elsewhere; when given, only the gateway starts.
+        model: The model every local replica serves.
+        dtype: Its dtype.
+        serve_args: Further ``infer serve`` flags for every local replica.
+        replica_host: The address local replicas bind.
+        host: The gateway's address.
+        port: The gateway's port.
+        policy: The gateway's routing policy.
+        metrics_port: The gateway's Prometheus port.
+        gateway_args: Further ``sglang-router launch`` flags.
+        startup_timeout_s: Longest wait for the replicas, then for the gateway.
+        stop_timeout_s: Longest wait for the pieces to exit after SIGTERM.
+
+    Returns:
+        0 after a signal stopped it cleanly, 1 when a piece failed (a line on stderr says
+        which).
+
+    Raises:
+        ClusterError: The gateway is not installed.
+    """
+    binary = gateway_binary()
+    if not worker_urls and replicas < 1:
+        raise ValueError("--replicas must be at least 1")
+
+    def say(line: str) -> None:
+        print(line, flush=True)
+
+    cluster = Cluster(say, stop_timeout_s)
+    previous = {
+        signum: signal.signal(signum, cluster.on_signal)
+        for signum in (signal.SIGINT, signal.SIGTERM)
+    }
+    try:
+        urls = list(worker_urls)
+        local: list[Piece] = []
+        if not urls:
+            for i in range(replicas):
+                replica_port = free_port(replica_host if ":" not in replica_host else "127.0.0.1")
+                url = url_of(replica_host, replica_port)
+                command = replica_command(replica_host, replica_port, model, dtype, serve_args)
+                local.append(cluster.start(f"replica {i + 1}", command, url, "/health"))
+                urls.append(url)
+        if cluster.wait_ready(local, startup_timeout_s):
+            for piece in local:
+                say(f"{piece.name}: {piece.url} (pid {piece.process.pid})")
+            gateway_url = url_of(host, port)
+            command = gateway_command(binary, host, port, urls, policy, metrics_port, gateway_args)
+            gateway = cluster.start("gateway", command, gateway_url, "/readiness")
+            if cluster.wait_ready([gateway], startup_timeout_s):
+                say(
+                    f"gateway: {gateway_url} (pid {gateway.process.pid}, policy {policy}, "
+                    f"{len(urls)} replicas: {' '.join(urls)})"
+                )
+                cluster.watch()
+        if cluster.signalled is not None:
+            name = signal.Signals(cluster.signalled).name
+            print(f"infer cluster: {name}: stopping", file=sys.stderr, flush=True)
+        return 0
+    except ClusterError as e:
+        print(f"infer cluster: error: {e}; stopping the rest", file=sys.stderr, flush=True)
+        return EXIT_FAILED
+    finally:
+        cluster.stop()
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
