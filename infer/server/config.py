@@ -33,6 +33,9 @@ class ServerConfig:
         max_inspect_tokens: Longest prompt ``/v1/inspect/attention`` accepts.
         settle_min_rows: After a decode step of at least this many rows, the engine lets
             the event loop write the step's tokens before it steps again (0: never waits).
+        drain_grace_s: At shutdown, how long running requests may go on to their end before
+            they are ended (new ones get 503 and ``/health`` 503 meanwhile, so a gateway
+            sends them elsewhere); 0 ends them at once.
         drain_timeout_s: At shutdown, how long to wait for streams to send their last event.
         resume_window_s: How long a native stream with a ``request_id`` outlives its last
             reader (a reconnect within it resumes the stream).
@@ -63,6 +66,7 @@ class ServerConfig:
     max_pending_tokens: int = 1024
     max_inspect_tokens: int = 512
     settle_min_rows: int = 32
+    drain_grace_s: float = 0.0
     drain_timeout_s: float = 10.0
     resume_window_s: float = 10.0
     stored_responses: int = 1024
@@ -97,6 +101,8 @@ class ServerConfig:
             raise ValueError(f"resume_window_s must be >= 0, got {self.resume_window_s}")
         if not self.stored_response_ttl_s > 0:
             raise ValueError(f"stored_response_ttl_s must be > 0, got {self.stored_response_ttl_s}")
+        if self.drain_grace_s < 0:
+            raise ValueError(f"drain_grace_s must be >= 0, got {self.drain_grace_s}")
         if self.drain_timeout_s < 0:
             raise ValueError(f"drain_timeout_s must be >= 0, got {self.drain_timeout_s}")
 

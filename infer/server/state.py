@@ -167,15 +167,21 @@ class ServerState:
         self.failed.set()
 
     async def drain(self, timeout_s: float | None = None) -> None:
-        """Refuse new requests, end every open one, and wait until each stream has read its
-        terminal output.
+        """Refuse new requests, let the running ones go on for ``config.drain_grace_s``, end
+        every one still open, and wait until each stream has read its terminal output.
 
         Args:
             timeout_s: Longest to wait for streams (default: ``config.drain_timeout_s``).
         """
         if self.status in (Status.LOADING, Status.READY):
-            log.info("shutting down: ending open requests")
             self.status = Status.DRAINING
+            worker, grace = self.worker, self.config.drain_grace_s
+            if worker is not None and grace > 0:
+                log.info("shutting down: letting open requests finish (up to %.0f s)", grace)
+                with trio.move_on_after(grace):
+                    while worker.running or worker.waiting:
+                        await trio.sleep(0.05)
+            log.info("shutting down: ending open requests")
         self._scope.cancel()
         with trio.move_on_after(self.config.drain_timeout_s if timeout_s is None else timeout_s):
             if self._stopped is not None:

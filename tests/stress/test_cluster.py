@@ -267,3 +267,61 @@ async def test_cluster_stops_everything_and_fails_when_a_replica_dies() -> None:
     assert not [pid for pid in running.pids if _alive(pid)]
     said = [line for line in running.errors if line.startswith("infer cluster: error:")]
     assert len(said) == 1 and "replica 1" in said[0] and "exited unexpectedly" in said[0], said
+
+
+async def _refused(url: str) -> bool:
+    try:
+        async with httpx.AsyncClient(timeout=5) as client:
+            await client.get(url + "/health")
+    except httpx.TransportError:
+        return True
+    return False
+
+
+async def test_a_draining_replica_finishes_its_streams_and_is_readmitted_after_a_restart() -> None:
+    """SIGTERM to one replica under load (with a drain grace): its running streams finish,
+    requests that arrive meanwhile are served by the other (none is lost), and once it is
+    started again the gateway sends it requests again."""
+    ports = [free_port(), free_port()]
+    serve = [*SERVE[:4], "--drain-grace-s", "60"]
+    commands = [infer_command(port, "continuous", "default", "bfloat16", serve) for port in ports]
+    urls = [f"http://127.0.0.1:{port}" for port in ports]
+    checks = "--gateway-arg=--health-check-interval-secs=1"
+    with (
+        running_server(commands[1], urls[1], "/health"),
+        contextlib.ExitStack() as first,
+    ):
+        one = first.enter_context(running_server(commands[0], urls[0], "/health"))
+        with cluster(
+            "--worker-url", urls[0], "--worker-url", urls[1], "--policy", "round_robin", checks
+        ) as running:
+            texts: list[str] = []
+            async with httpx.AsyncClient(base_url=running.gateway, timeout=120) as client:
+
+                async def stream(i: int) -> None:
+                    texts.append(await _chat(client, f"Tell a story ({i}).", max_tokens=48))
+
+                with trio.fail_after(120):
+                    async with trio.open_nursery() as nursery:
+                        for i in range(8):
+                            nursery.start_soon(stream, i)
+                        while await _metric(urls[0], "infer_requests_running") < 1 or (
+                            await _metric(urls[1], "infer_requests_running") < 1
+                        ):
+                            await trio.sleep(0.2)
+                        os.kill(one.pid, signal.SIGTERM)
+                        await trio.sleep(0.5)
+                        for i in range(6):  # while the first replica drains
+                            nursery.start_soon(stream, 100 + i)
+                    while not await _refused(urls[0]):  # it drained and exited
+                        await trio.sleep(0.2)
+                first.close()
+                # started again on its port: the gateway's health checks let it back in
+                first.enter_context(running_server(commands[0], urls[0], "/health"))
+                with trio.fail_after(90):
+                    while await _metric(urls[0], "infer_requests_total") < 1:
+                        texts.append(await _chat(client, "Say hello."))
+    assert len(texts) >= 8 + 6 + 1
+    for text in texts:  # every stream ran to its end: none was cut or lost
+        assert text.endswith("data: [DONE]\n\n") and '"error"' not in text, text
+        assert text.count('"finish_reason":"length"') == 1 or '"finish_reason":"stop"' in text

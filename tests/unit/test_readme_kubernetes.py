@@ -61,7 +61,8 @@ def test_the_replicas_are_probed_on_health_and_have_time_to_drain() -> None:
     pre_stop = container["lifecycle"]["preStop"]["exec"]["command"]
     assert pre_stop[0] == "sleep"
     # The grace period covers the preStop sleep and then the whole drain.
-    assert pod["terminationGracePeriodSeconds"] > float(pre_stop[1]) + args.drain_timeout_s
+    drain = args.drain_grace_s + args.drain_timeout_s
+    assert pod["terminationGracePeriodSeconds"] > float(pre_stop[1]) + drain
     replicas = _named(docs, "Service", "infer-replicas")
     assert replicas["spec"]["clusterIP"] == "None"
     assert replicas["spec"]["selector"] == {"app": "infer"}
