@@ -27,7 +27,7 @@ from types import FrameType
 
 import httpx
 
-from infer.bench.servers import free_port
+from infer.bench.servers import free_port, serve_command
 
 GATEWAY_BINARY = "sglang-router"
 POLICIES = ("cache_aware", "round_robin", "random", "power_of_two", "manual")
@@ -74,27 +74,6 @@ def url_of(host: str, port: int) -> str:
     (every interface) are reached on loopback."""
     reach = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
     return f"http://[{reach}]:{port}" if ":" in reach else f"http://{reach}:{port}"
-
-
-def replica_command(
-    host: str, port: int, model: str, dtype: str, serve_args: Sequence[str]
-) -> list[str]:
-    """``infer serve`` in this interpreter on ``host:port``, with ``serve_args`` after."""
-    return [
-        sys.executable,
-        "-m",
-        "infer",
-        "serve",
-        "--host",
-        host,
-        "--port",
-        str(port),
-        "--model",
-        model,
-        "--dtype",
-        dtype,
-        *serve_args,
-    ]
 
 
 def gateway_command(
@@ -285,7 +264,7 @@ def run_cluster(
             for i in range(replicas):
                 replica_port = free_port(replica_host if ":" not in replica_host else "127.0.0.1")
                 url = url_of(replica_host, replica_port)
-                command = replica_command(replica_host, replica_port, model, dtype, serve_args)
+                command = serve_command(replica_host, replica_port, model, dtype, serve_args)
                 local.append(cluster.start(f"replica {i + 1}", command, url, "/health"))
                 urls.append(url)
         if cluster.wait_ready(local, startup_timeout_s):

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from infer.api.tools import _partial_suffix
+from infer.api.tools import partial_suffix
 
 OPEN, CLOSE = "<think>", "</think>"
 Thinking = Literal["open", "auto"]  # the reply starts inside a block, or may open one
@@ -58,7 +58,7 @@ class ReasoningParser:
             if self._state == "thinking":
                 at = self._buf.find(CLOSE)
                 if at < 0:
-                    keep = _partial_suffix(self._buf, CLOSE)
+                    keep = partial_suffix(self._buf, CLOSE)
                     out.reasoning += self._buf[: len(self._buf) - keep]
                     self._buf = self._buf[len(self._buf) - keep :]
                     return out

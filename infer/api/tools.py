@@ -211,7 +211,7 @@ class ToolCallParser:
         if self.fmt == "hermes":
             at = self._buf.find(HERMES_OPEN)
             if at < 0:
-                keep = _partial_suffix(self._buf, HERMES_OPEN)
+                keep = partial_suffix(self._buf, HERMES_OPEN)
                 self._give(delta, len(self._buf) - keep, hold=True)
                 return False
             self._give(delta, at, hold=False)
@@ -263,7 +263,7 @@ class ToolCallParser:
         return True
 
 
-def _partial_suffix(text: str, tag: str) -> int:
+def partial_suffix(text: str, tag: str) -> int:
     """Length of the longest end of ``text`` that begins ``tag``."""
     for n in range(min(len(tag) - 1, len(text)), 0, -1):
         if tag.startswith(text[-n:]):

@@ -45,29 +45,33 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-def infer_command(
-    port: int, mode: str, model: str, dtype: str, extra: Sequence[str] = ()
+def serve_command(
+    host: str, port: int, model: str, dtype: str, extra: Sequence[str] = ()
 ) -> list[str]:
-    """``infer serve`` in this interpreter, on 127.0.0.1:``port``, in batching ``mode``."""
+    """``infer serve`` in this interpreter on ``host:port``, with ``extra`` flags after."""
     return [
         sys.executable,
         "-m",
         "infer",
         "serve",
         "--host",
-        "127.0.0.1",
+        host,
         "--port",
         str(port),
         "--model",
         model,
         "--dtype",
         dtype,
-        "--batching-mode",
-        mode,
-        "--log-level",
-        "warning",
         *extra,
     ]
+
+
+def infer_command(
+    port: int, mode: str, model: str, dtype: str, extra: Sequence[str] = ()
+) -> list[str]:
+    """``infer serve`` in this interpreter, on 127.0.0.1:``port``, in batching ``mode``."""
+    flags = ["--batching-mode", mode, "--log-level", "warning", *extra]
+    return serve_command("127.0.0.1", port, model, dtype, flags)
 
 
 def default_llama_server() -> Path:

@@ -203,6 +203,12 @@ async def test_cache_aware_routing_hits_the_prefix_cache_more_than_round_robin()
     assert aware > rr + 0.1
 
 
+async def _until_each_runs(urls: list[str]) -> None:
+    """Wait until every replica in ``urls`` is generating a request at the same moment."""
+    while min([await _metric(url, "infer_requests_running") for url in urls]) < 1:
+        await trio.sleep(0.2)
+
+
 async def test_a_replica_killed_mid_load_ends_its_streams_and_the_other_keeps_serving() -> None:
     ports = [free_port(), free_port()]
     commands = [
@@ -243,10 +249,7 @@ async def test_a_replica_killed_mid_load_ends_its_streams_and_the_other_keeps_se
                     for i in range(8):
                         nursery.start_soon(long_stream, i)
                     # Once both replicas run streams, kill the first one outright.
-                    while await _metric(urls[0], "infer_requests_running") < 1 or (
-                        await _metric(urls[1], "infer_requests_running") < 1
-                    ):
-                        await trio.sleep(0.2)
+                    await _until_each_runs(urls)
                     os.kill(one.pid, signal.SIGKILL)
             after = [await _chat(client, f"Say hello ({i}).") for i in range(6)]
         print(f"\nstreams when a replica was killed: {sorted(results)}")
@@ -305,10 +308,7 @@ async def test_a_draining_replica_finishes_its_streams_and_is_readmitted_after_a
                     async with trio.open_nursery() as nursery:
                         for i in range(8):
                             nursery.start_soon(stream, i)
-                        while await _metric(urls[0], "infer_requests_running") < 1 or (
-                            await _metric(urls[1], "infer_requests_running") < 1
-                        ):
-                            await trio.sleep(0.2)
+                        await _until_each_runs(urls)
                         os.kill(one.pid, signal.SIGTERM)
                         await trio.sleep(0.5)
                         for i in range(6):  # while the first replica drains

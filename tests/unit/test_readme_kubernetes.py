@@ -1,5 +1,6 @@
-"""The Kubernetes example in README.md's "Scaling out": it parses, its commands are ones the
-two programs accept, and its timings give a replica the time to drain.
+"""The Kubernetes example README.md points to (infer/deploy/kubernetes.yaml): it parses,
+its commands are ones the two programs accept, and its timings give a replica the time to
+drain.
 
 No Kubernetes schema validator installs offline here (kubeconform is not on PyPI), so this
 checks the manifest's shape and the fields the README's advice depends on.
@@ -7,7 +8,6 @@ checks the manifest's shape and the fields the README's advice depends on.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
@@ -16,14 +16,12 @@ import yaml
 
 from infer.cli import build_parser
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+MANIFESTS = Path(__file__).resolve().parents[2] / "infer" / "deploy" / "kubernetes.yaml"
 
 
 def _manifests() -> list[dict[str, Any]]:
-    text = README.read_text()
-    section = text.split("## Scaling out", 1)[1].split("\n## ", 1)[0]
-    [block] = re.findall(r"```yaml\n(.*?)```", section, re.S)
-    return [doc for doc in yaml.safe_load_all(block) if doc is not None]
+    text = MANIFESTS.read_text()
+    return [doc for doc in yaml.safe_load_all(text) if doc is not None]
 
 
 def _named(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
