@@ -17,9 +17,17 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m infer.kernels  # compile the C++ kernels for this CPU (~50 s)
 	touch $(STAMP)
 
+# Headless Chromium for the browser tests: Debian's package (Playwright's own download
+# cannot work offline). INFER_CHROMIUM points the tests at another binary.
+CHROMIUM := /usr/bin/chromium
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
+$(CHROMIUM):
+	$(SUDO) apt-get update -q
+	DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends chromium
+
 # Tests share the 2 cores with their own servers and clients: no spinning at all.
 test: export GOMP_SPINCOUNT ?= 0
-test: $(STAMP)
+test: $(STAMP) $(CHROMIUM)
 	$(BIN)/python -m pytest -q
 
 serve: $(STAMP)

@@ -267,7 +267,7 @@ class Engine:
                         )
                     if req.trace is not None:
                         row = attn.get(req.request_id)
-                        out.trace = self._trace(req.trace, logits[i], top, row)
+                        out.trace = self._trace(req.trace, logits[i], chosen, top, row)
             except Exception as e:  # noqa: BLE001 - one request's failure ends only it
                 out = self._fail_requests([req], e)[0]
             outputs.append(out)
@@ -301,14 +301,17 @@ class Engine:
         self,
         spec: TraceSpec,
         logits: torch.Tensor,
+        chosen: float,
         top: list[tuple[int, float]],
         attn: torch.Tensor | None,
     ) -> dict[str, Any]:
-        """Entropy (nats) and top-k of the raw next-token distribution, plus attention."""
+        """Entropy (nats), the chosen token's probability and the top-k of the raw next-token
+        distribution, plus attention."""
         logp = torch.log_softmax(logits, dim=-1)
         entropy = float(-(logp.exp() * logp).sum())
         return {
             "entropy": entropy,
+            "prob": math.exp(chosen),
             "topk": [
                 {"token_id": t, "token": self._text(t), "prob": math.exp(lp)}
                 for t, lp in top[: spec.top_k]

@@ -67,6 +67,7 @@ class ErrorCode(StrEnum):
     INVALID_REQUEST = "invalid_request", 422, False, "the engine refused the request"
     OVERLOADED = "overloaded", 503, True, "the server is overloaded; retry shortly"
     SUPERSEDED = "superseded", 409, False, "another connection resumed this request"
+    STOPPED = "stopped", 409, False, "the client stopped the request"
     # Refusals before a request starts.
     INVALID_JSON = "invalid_json", 400, False, "malformed JSON body"
     EMPTY_PROMPT = "empty_prompt", 400, False, "prompt is empty"
@@ -89,6 +90,12 @@ class ErrorCode(StrEnum):
         404,
         False,
         "previous_response_id names no stored response (unknown, expired or not stored)",
+    )
+    REQUEST_NOT_FOUND = (
+        "request_not_found",
+        404,
+        False,
+        "request_id names no resumable request (unknown, or forgotten after its window)",
     )
     METHOD_NOT_ALLOWED = "method_not_allowed", 405, False, "method not allowed"
     REQUEST_TIMEOUT = "request_timeout", 408, False, "the request took too long to arrive"
@@ -121,7 +128,7 @@ class ErrorCode(StrEnum):
     def finish_reason(self) -> str:
         """What a request that ends this way counts as in ``infer_requests_total``, and, for a
         timeout, the ``finish_reason`` an OpenAI response reports instead of an error."""
-        if self is ErrorCode.CANCELLED:
+        if self in (ErrorCode.CANCELLED, ErrorCode.STOPPED):
             return "abort"
         return "length" if self is ErrorCode.TIMEOUT else "error"
 

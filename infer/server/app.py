@@ -15,7 +15,7 @@ from quart_trio import QuartTrio
 
 from infer import __version__
 from infer.engine.engine import Engine
-from infer.server import limits, openapi, responses, routes
+from infer.server import limits, openapi, pages, responses, routes
 from infer.server.asgi import RequestGuard
 from infer.server.config import ServerConfig
 from infer.server.errors import register_error_handlers
@@ -50,6 +50,7 @@ def create_app(config: ServerConfig | None = None, engine: Engine | None = None)
     limits.install(app, config)
     app.register_blueprint(routes.blueprint)
     app.register_blueprint(responses.blueprint)
+    app.register_blueprint(pages.blueprint)
     app.add_url_rule("/health", "health", _health, methods=["GET"])
     app.add_url_rule("/metrics", "metrics", _metrics, methods=["GET"])
     openapi.install(app, __version__)

@@ -11,12 +11,13 @@ from collections.abc import Callable, Sequence
 from quart import Quart, Response, request
 
 from infer.engine.request import ErrorCode
+from infer.server import pages
 from infer.server.config import ServerConfig
 from infer.server.errors import APIError, error_response
 
-OPEN_PATHS = frozenset({"/health"})
+OPEN_PATHS = frozenset({"/health"})  # and the pages (pages.is_open)
 CORS_METHODS = "GET, POST, OPTIONS"
-CORS_HEADERS = "Authorization, Content-Type"
+CORS_HEADERS = "Authorization, Content-Type, Last-Event-ID"
 CORS_MAX_AGE = "600"
 
 
@@ -123,7 +124,7 @@ def install(app: Quart, config: ServerConfig) -> None:
     async def _guard() -> Response | None:
         if request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers:
             return _preflight(origins)
-        if request.path in OPEN_PATHS:
+        if request.path in OPEN_PATHS or (request.method == "GET" and pages.is_open(request.path)):
             return None
         try:
             keys.check(request.headers.get("Authorization"))

@@ -9,6 +9,7 @@ live, so the text read across connections equals an uninterrupted run's, with on
 A second reader takes over from a first one still open (the first ends ``SUPERSEDED``); the
 same ``request_id`` with another body is a 409 while it is known. Once no reader has been
 attached for the window, a running request is aborted and a finished one forgotten.
+``DELETE /v1/generate/<request_id>`` stops it at once: its log ends with a ``stopped`` error.
 """
 
 from __future__ import annotations
@@ -32,10 +33,14 @@ def fingerprint(body: Any) -> str:
     return hashlib.sha256(dumped.encode()).hexdigest()
 
 
-_CODE = ErrorCode.SUPERSEDED
-SUPERSEDED = sse.event(
-    {"code": _CODE.name, "message": _CODE.message, "retryable": _CODE.retryable}, "error"
-)
+def _error(code: ErrorCode, seq: int | None = None) -> bytes:
+    return sse.event(
+        {"code": code.name, "message": code.message, "retryable": code.retryable}, "error", seq
+    )
+
+
+SUPERSEDED = _error(ErrorCode.SUPERSEDED)
+TERMINAL_EVENTS = (b"event: done\n", b"event: error\n")
 
 
 class ResumableStream:
@@ -55,6 +60,7 @@ class ResumableStream:
         self.heartbeat_s = heartbeat_s
         self.events: list[bytes] = []  # index = event id
         self.finished = False
+        self.stopped = False
         self.expires_at = trio.current_time() + window_s  # until the first reader attaches
         self.producer = trio.CancelScope()
         self._reader: object | None = None
@@ -73,8 +79,18 @@ class ResumableStream:
             async for blob in source:
                 self.events += sse.split(blob)
                 self._notify()
+        if self.stopped and not self._ended():
+            self.events.append(_error(ErrorCode.STOPPED, len(self.events)))
         self.finished = True
         self._notify()
+
+    def stop(self) -> None:
+        """Abort the request now; the log ends with a ``stopped`` error (unless it had ended)."""
+        self.stopped = True
+        self.producer.cancel()
+
+    def _ended(self) -> bool:
+        return bool(self.events) and any(tag in self.events[-1] for tag in TERMINAL_EVENTS)
 
     async def read(self, after: int) -> AsyncIterator[bytes]:
         """The events after id ``after``, then live ones, until the end or a takeover."""
@@ -170,6 +186,17 @@ class ResumeRegistry:
             self._scopes.discard(scope)
             if self._streams.get(stream.request_id) is stream:
                 del self._streams[stream.request_id]
+
+    def stop(self, request_id: str) -> None:
+        """Stop the request ``request_id`` (its readers get the terminal ``stopped`` error).
+
+        Raises:
+            APIError: 404 ``request_not_found``, no such request is known.
+        """
+        stream = self._streams.get(request_id)
+        if stream is None:
+            raise APIError(ErrorCode.REQUEST_NOT_FOUND, f"no request {request_id!r} is known")
+        stream.stop()
 
     def close(self) -> None:
         """Stop every producer and forget every request (at shutdown, after the drain)."""

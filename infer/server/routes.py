@@ -28,6 +28,8 @@ from infer.server import resume, sse
 from infer.server.admission import Prompt, admit, check_model, encode, parse_body
 from infer.server.errors import APIError
 from infer.server.schemas import (
+    MAX_CHOICES,
+    MAX_LOGPROBS,
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
@@ -92,6 +94,8 @@ async def model_info() -> Response:
             "max_context_length": state.max_model_len,
             "max_req_input_len": state.max_model_len - 1,
             "vocab_size": config.vocab_size,
+            "num_hidden_layers": config.num_hidden_layers,
+            "num_attention_heads": config.num_attention_heads,
             "eos_token_ids": sorted(engine.eos_token_ids),
             "weight_version": "default",
         }
@@ -117,6 +121,9 @@ async def server_info() -> Response:
             "max_total_num_tokens": engine.blocks.num_blocks * engine.config.block_size,
             "page_size": engine.config.block_size,
             "dtype": engine.config.dtype,
+            "max_inspect_tokens": state.config.max_inspect_tokens,
+            "max_logprobs": MAX_LOGPROBS,
+            "max_choices": MAX_CHOICES,
             "version": __version__,
             "backend": "infer",
         }
@@ -388,6 +395,13 @@ async def generate() -> Response:
         return await _resumable(state, body, arrival)
     stream = await _admit_native(state, body, arrival)
     return sse.stream_response(_events(state, stream, body.metrics_every))
+
+
+@blueprint.delete("/v1/generate/<request_id>")
+async def stop_generate(request_id: str) -> Response:
+    """Stop a resumable generation now (its stream ends with a ``stopped`` error event)."""
+    get_state().resumable.stop(request_id)
+    return jsonify({"request_id": request_id, "stopped": True})
 
 
 async def _admit_native(

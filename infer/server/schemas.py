@@ -778,6 +778,13 @@ class DetokenizeRequest(_Body):
 # --- response bodies (documentation) --------------------------------------------------------
 
 
+class StopResponse(BaseModel):
+    """``DELETE /v1/generate/{request_id}``: the request was stopped."""
+
+    request_id: str
+    stopped: bool
+
+
 class ErrorDetail(BaseModel):
     message: str
     type: str

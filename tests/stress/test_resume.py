@@ -165,3 +165,40 @@ async def test_after_the_window_the_request_is_aborted_and_its_id_free(tiny_app)
         stats = await metrics(client)
     assert terminals(fresh) == ["done"]
     assert stats['infer_requests_total{finish_reason="abort"}'] == 1
+
+
+async def test_delete_stops_a_resumable_request_and_its_reader_gets_one_terminal(tiny_app) -> None:
+    gate = StepGate()
+    app = tiny_app(gate=gate, resume_window_s=120)
+    state = app.extensions["infer"]
+    events: list[SSEEvent] = []
+    async with (
+        running_server(app) as server,
+        httpx.AsyncClient(base_url=server.url, timeout=120) as client,
+    ):
+        with gate:
+            gate.close()
+            gate.allow(3)
+
+            async def read() -> None:
+                async with client.stream(
+                    "POST", "/v1/generate", json=body(300, request_id="job-5")
+                ) as r:
+                    async for event in iter_sse(r):
+                        events.append(event)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(read)
+                await wait_for(lambda: sum(e.event == "token" for e in events) == 2)
+                stopped = await client.delete("/v1/generate/job-5")
+                await wait_for(lambda: terminals(events) != [])
+            gate.open()
+        await wait_for(lambda: not state.engine.has_work() and len(state.resumable) == 1)
+        again = await read_all(client, body(300, request_id="job-5"))  # a late reader: replay
+        unknown = await client.delete("/v1/generate/job-6")
+        stats = await metrics(client)
+    assert stopped.status_code == 200 and stopped.json() == {"request_id": "job-5", "stopped": True}
+    assert terminals(events) == ["error"] and events[-1].json()["code"] == "STOPPED"
+    assert terminals(again) == ["error"] and text(again) == text(events)
+    assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "request_not_found"
+    assert stats['infer_requests_total{finish_reason="abort"}'] == 1

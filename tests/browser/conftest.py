@@ -1,0 +1,84 @@
+"""A real ``infer serve`` (the default model, an API key set), a proxy in front of it that
+can drop a connection, and headless Chromium from Debian driven by Playwright.
+
+`make test` installs Debian's ``chromium`` and the ``playwright`` package (its driver only:
+Playwright's own browser download cannot work offline); these tests do not skip without
+them, they fail. Screenshots go to ``$INFER_SCREENSHOTS`` when it is set (the README's
+come from there), else into each test's temporary folder.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Browser, ConsoleMessage, Page, Playwright, sync_playwright
+
+from infer.bench.servers import free_port, running_server, serve_command
+from support.browser import API_KEY, CHROMIUM, CHROMIUM_ARGS, DroppingProxy, Server, Watched
+
+
+@pytest.fixture(scope="session")
+def server() -> Iterator[Server]:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    extra = ["--api-key", API_KEY, "--log-level", "warning", "--resume-window-s", "30"]
+    command = serve_command("127.0.0.1", port, "default", "bfloat16", extra)
+    with running_server(command, url, "/health"):
+        yield Server(url)
+
+
+@pytest.fixture(scope="session")
+def playwright() -> Iterator[Playwright]:
+    with sync_playwright() as p:
+        yield p
+
+
+@pytest.fixture(scope="session")
+def browser(playwright: Playwright) -> Iterator[Browser]:
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: `make test` installs Debian's chromium package")
+    browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+    yield browser
+    browser.close()
+
+
+@pytest.fixture
+def watched(browser: Browser) -> Iterator[Watched]:
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    page = context.new_page()
+    page.set_default_timeout(60_000)
+    seen = Watched(page)
+
+    def console(message: ConsoleMessage) -> None:
+        if message.type == "error":
+            seen.errors.append(f"{message.text} at {message.location}")
+
+    page.on("console", console)
+    page.on("pageerror", lambda error: seen.errors.append(f"uncaught: {error}"))
+    page.on("request", lambda request: seen.requests.append(request.url))
+    yield seen
+    context.close()
+
+
+@pytest.fixture
+def screenshot(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """``screenshot(page, name)``: a PNG of the page into ``$INFER_SCREENSHOTS`` or tmp."""
+    folder = Path(os.environ.get("INFER_SCREENSHOTS") or tmp_path)
+    folder.mkdir(parents=True, exist_ok=True)
+
+    def take(page: Page, name: str) -> Path:
+        path = folder / f"{name}.png"
+        page.screenshot(path=str(path), full_page=True)
+        return path
+
+    return take
+
+
+@pytest.fixture
+def dropping_proxy(server: Server) -> Iterator[DroppingProxy]:
+    proxy = DroppingProxy(int(server.url.rsplit(":", 1)[1]), cut_after=4000)
+    yield proxy
+    proxy.close()
