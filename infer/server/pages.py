@@ -14,6 +14,7 @@ from pathlib import Path
 
 import swagger_ui
 from quart import Blueprint, Response, send_from_directory
+from quart_schema import hide
 
 from infer.engine.request import ErrorCode
 from infer.server.errors import APIError
@@ -34,12 +35,14 @@ def is_open(path: str) -> bool:
 
 @blueprint.get("/")
 @blueprint.get("/playground")
+@hide  # a page, not part of the API: left out of /openapi.json
 async def playground() -> Response:
     """The playground page."""
     return await _send(STATIC, "index.html")
 
 
 @blueprint.get("/playground/<name>")
+@hide
 async def playground_asset(name: str) -> Response:
     """One of the playground's scripts or its stylesheet."""
     if name == "index.html" or not (STATIC / name).is_file():
@@ -48,12 +51,14 @@ async def playground_asset(name: str) -> Response:
 
 
 @blueprint.get("/docs")
+@hide
 async def docs() -> Response:
     """Swagger UI over ``/openapi.json``."""
     return Response(DOCS_PAGE, content_type="text/html; charset=utf-8")
 
 
 @blueprint.get("/docs/<name>")
+@hide
 async def docs_asset(name: str) -> Response:
     """Swagger UI's script, stylesheet and licence."""
     if name not in SWAGGER_ASSETS:

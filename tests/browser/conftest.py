@@ -1,5 +1,6 @@
-"""A real ``infer serve`` (the default model, an API key set), a proxy in front of it that
-can drop a connection, and headless Chromium from Debian driven by Playwright.
+"""A real ``infer serve`` (the default model, an API key and a CORS origin set), a proxy in
+front of it that can drop a connection, and headless Chromium from Debian driven by
+Playwright.
 
 `make test` installs Debian's ``chromium`` and the ``playwright`` package (its driver only:
 Playwright's own browser download cannot work offline); these tests do not skip without
@@ -20,23 +21,26 @@ from infer.bench.servers import free_port, running_server, serve_command
 from support.browser import API_KEY, CHROMIUM, CHROMIUM_ARGS, DroppingProxy, Server, Watched
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    extra = ["--api-key", API_KEY, "--log-level", "warning", "--resume-window-s", "30"]
+    extra = [
+        *("--api-key", API_KEY, "--cors-origin", "http://elsewhere.test"),
+        *("--log-level", "warning", "--resume-window-s", "30"),
+    ]
     command = serve_command("127.0.0.1", port, "default", "bfloat16", extra)
     with running_server(command, url, "/health"):
         yield Server(url)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def playwright() -> Iterator[Playwright]:
     with sync_playwright() as p:
         yield p
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser(playwright: Playwright) -> Iterator[Browser]:
     if not Path(CHROMIUM).exists():
         pytest.fail(f"{CHROMIUM} is missing: `make test` installs Debian's chromium package")
@@ -65,13 +69,14 @@ def watched(browser: Browser) -> Iterator[Watched]:
 
 @pytest.fixture
 def screenshot(tmp_path: Path):  # type: ignore[no-untyped-def]
-    """``screenshot(page, name)``: a PNG of the page into ``$INFER_SCREENSHOTS`` or tmp."""
+    """``screenshot(page, name[, full_page])``: a PNG of the page into ``$INFER_SCREENSHOTS``
+    or the test's temporary folder."""
     folder = Path(os.environ.get("INFER_SCREENSHOTS") or tmp_path)
     folder.mkdir(parents=True, exist_ok=True)
 
-    def take(page: Page, name: str) -> Path:
+    def take(page: Page, name: str, full_page: bool = True) -> Path:
         path = folder / f"{name}.png"
-        page.screenshot(path=str(path), full_page=True)
+        page.screenshot(path=str(path), full_page=full_page)
         return path
 
     return take

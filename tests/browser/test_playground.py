@@ -294,4 +294,4 @@ def test_docs_render_the_operations_offline(server: Server, watched: Watched, sc
     }
     assert watched.errors == []
     assert watched.outside(server.url) == []
-    screenshot(page, "docs")
+    screenshot(page, "docs", full_page=False)

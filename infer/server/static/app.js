@@ -76,6 +76,7 @@ async function connect() {
     $("model").textContent = `${card.id} · ${card.max_model_len} tokens of context`;
     $("model").className = "";
     $("n").max = limits.max_choices;
+    $("max_tokens").max = card.max_model_len;
     $("trace_k").max = limits.max_logprobs;
     fillOptions($("trace_layer"), app.model.layers, Math.floor(app.model.layers / 2), true);
     fillOptions($("attn-layer"), app.model.layers, Math.floor(app.model.layers / 2));
