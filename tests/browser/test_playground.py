@@ -7,6 +7,7 @@ the page shows against what the server says.
 from __future__ import annotations
 
 import json
+import re
 import time
 from typing import Any
 
@@ -42,13 +43,26 @@ def call(server: Server, path: str, body: dict[str, Any] | None = None) -> dict[
 
 
 def configure(page: Page, **fields: str) -> None:
+    """Set the settings named (``trace_layer`` is a choice, the rest are fields)."""
     for name, value in fields.items():
-        page.fill(f"#{name}", value)
+        if name == "trace_layer":
+            page.select_option(f"#{name}", value)
+        else:
+            page.fill(f"#{name}", value)
 
 
 def send(page: Page, text: str) -> None:
     page.fill("#input", text)
     page.click("#send")
+
+
+def complete(page: Page, url: str, prompt: str, columns: int = 1, **fields: str) -> None:
+    """Open the page in completion mode, set ``fields``, send ``prompt``, wait for the end."""
+    open_playground(page, url)
+    page.check("#mode-completion")
+    configure(page, **fields)
+    send(page, prompt)
+    wait_done(page, columns)
 
 
 def wait_done(page: Page, columns: int = 1) -> None:
@@ -58,7 +72,15 @@ def wait_done(page: Page, columns: int = 1) -> None:
 
 
 def numbers(page: Page, column: int = 0) -> str:
+    """A column's line of numbers (TTFT, tok/s, prompt/cached/generated, finish)."""
     return page.locator(".column .numbers").nth(column).inner_text()
+
+
+def count(page: Page, name: str, column: int = 0) -> int:
+    """One count from a column's numbers: ``prompt``, ``cached`` or ``generated``."""
+    found = re.search(rf"\b{name} (\d+)", numbers(page, column))
+    assert found, numbers(page, column)
+    return int(found.group(1))
 
 
 def test_page_loads_with_no_console_error_and_no_request_leaving_the_server(
@@ -91,8 +113,7 @@ def test_a_chat_streams_tokens_into_the_strip_and_hovering_shows_the_top_k(
     send(page, "What is the capital of France?")
     wait_done(page)
     chips = page.locator(".column .chip")
-    generated = int(numbers(page).split("generated ")[1].split(" ")[0])
-    assert chips.count() == generated > 0
+    assert chips.count() == count(page, "generated") > 0
     assert "Paris" in page.locator(".column .strip").inner_text()
     assert page.locator("#history .turn.user").inner_text() == "What is the capital of France?"
     # Coloured by probability: every chip carries its own token's probability.
@@ -120,11 +141,7 @@ def test_clicking_an_alternative_branches_from_that_token(
     server: Server, watched: Watched, screenshot
 ) -> None:
     page = watched.page
-    open_playground(page, server.url)
-    page.check("#mode-completion")
-    configure(page, temperature="0", max_tokens="16", trace_k="5")
-    send(page, LONG_PROMPT)
-    wait_done(page)
+    complete(page, server.url, LONG_PROMPT, temperature="0", max_tokens="16", trace_k="5")
     chip = page.locator(".column .chip").nth(2)
     chip.click()
     alternative = page.locator("#popover .alt:not(.chosen)").nth(0)
@@ -143,12 +160,8 @@ def test_clicking_an_alternative_branches_from_that_token(
     assert branch.locator(".chip:not(.inherited)").count() > 0
     # Its prompt is the original prompt and the three tokens up to the alternative, and the
     # prefix cache served most of it.
-    original = numbers(page, 0)
-    prompt_tokens = int(original.split("prompt ")[1].split(" ")[0])
-    stats = numbers(page, 1)
-    assert f"prompt {prompt_tokens + 3} " in stats
-    cached = int(stats.split("cached ")[1].split(")")[0])
-    assert cached > 0, stats
+    assert count(page, "prompt", 1) == count(page, "prompt", 0) + 3
+    assert count(page, "cached", 1) > 0
     screenshot(page, "playground-branch")
 
 
@@ -156,13 +169,8 @@ def test_the_attention_view_draws_for_a_chosen_token(
     server: Server, watched: Watched, screenshot
 ) -> None:
     page = watched.page
-    open_playground(page, server.url)
-    page.check("#mode-completion")
-    configure(page, temperature="0", max_tokens="8")
-    page.select_option("#trace_layer", "3")
-    send(page, LONG_PROMPT)
-    wait_done(page)
-    prompt_tokens = int(numbers(page).split("prompt ")[1].split(" ")[0])
+    complete(page, server.url, LONG_PROMPT, temperature="0", max_tokens="8", trace_layer="3")
+    prompt_tokens = count(page, "prompt")
     page.locator(".column .chip").nth(4).click()
     page.select_option("#attn-layer", "3")
     page.select_option("#attn-head", "1")
@@ -201,11 +209,8 @@ def test_n_3_shows_three_columns_and_marks_where_they_diverge(
     server: Server, watched: Watched, screenshot
 ) -> None:
     page = watched.page
-    open_playground(page, server.url)
-    page.check("#mode-completion")
-    configure(page, temperature="1.2", max_tokens="12", n="3", seed="7")
-    send(page, "My favourite food is")
-    wait_done(page, columns=3)
+    prompt = "My favourite food is"
+    complete(page, server.url, prompt, 3, temperature="1.2", max_tokens="12", n="3", seed="7")
     columns = page.locator(".column")
     heads = [columns.nth(i).locator(".column-head strong").inner_text() for i in range(3)]
     assert heads == ["sample 1 (seed 7)", "sample 2 (seed 8)", "sample 3 (seed 9)"]
@@ -236,22 +241,18 @@ def test_a_stream_cut_by_the_network_resumes_where_it_stopped(
     server: Server, watched: Watched, dropping_proxy: DroppingProxy
 ) -> None:
     page = watched.page
-    open_playground(page, dropping_proxy.url)
-    page.check("#mode-completion")
-    configure(page, temperature="0", max_tokens="48")
-    send(page, "Here is a long story about a dragon:")
-    wait_done(page)
+    prompt = "Here is a long story about a dragon:"
+    complete(page, dropping_proxy.url, prompt, temperature="0", max_tokens="48")
     assert dropping_proxy.cuts == 1
     resumed = [h for h in dropping_proxy.heads if b"last-event-id:" in h.lower()]
     assert len(resumed) == 1, [h.split(b"\r\n")[0] for h in dropping_proxy.heads] + [numbers(page)]
     stats = numbers(page)
     assert "resumed ×1" in stats and "finish:" in stats
-    generated = int(stats.split("generated ")[1].split(" ")[0])
+    generated = count(page, "generated")
     # Every token once, in order: what the page shows equals one uninterrupted run.
     ids = page.evaluate("() => window.__playground.columnIds()")[0]
     assert len(ids) == generated == page.locator(".column .chip").count()
     model = call(server, "/v1/models")["data"][0]["id"]
-    prompt = "Here is a long story about a dragon:"
     body = {"model": model, "prompt": prompt, "max_tokens": 48, "temperature": 0}
     again = call(server, "/v1/completions", body)
     assert page.evaluate("() => window.__playground.columnText(0)") == again["choices"][0]["text"]

@@ -23,10 +23,10 @@ from support.server import running_server
 ST = Path(sys.executable).parent / "st"
 
 
-def _tiny_app(tiny_model, default_tokenizer):
+def _tiny_app(tiny_model, default_tokenizer, **server):
     config = EngineConfig(max_seq_len=128, max_batch_size=4, dtype="float32")
     engine = Engine(config, tiny_model, default_tokenizer, [default_tokenizer.eos_token_id], "tiny")
-    return create_app(ServerConfig(engine=config), engine)
+    return create_app(ServerConfig(engine=config, **server), engine)
 
 
 async def test_openapi_document_and_docs_page(tiny_model, default_tokenizer) -> None:
@@ -95,3 +95,47 @@ async def test_schemathesis_finds_no_server_error(
     output = result.stdout.decode(errors="replace")
     assert result.returncode == 0, output[-6000:]
     assert "passed" in output.lower()
+
+
+async def test_the_pages_are_served_from_the_package_and_open_without_a_key(
+    tiny_model, default_tokenizer
+) -> None:
+    app = _tiny_app(tiny_model, default_tokenizer, api_keys=("k",))
+    async with (
+        running_server(app) as server,
+        httpx.AsyncClient(base_url=server.url, timeout=60) as client,
+    ):
+        pages = {path: await client.get(path) for path in ("/", "/playground", "/docs")}
+        assets = [
+            await client.get(path)
+            for path in (
+                "/playground/app.js",
+                "/playground/api.js",
+                "/playground/schema.js",
+                "/playground/style.css",
+                "/docs/swagger-ui-bundle.js",
+                "/docs/swagger-ui.css",
+                "/docs/LICENSE",
+            )
+        ]
+        missing = [
+            await client.get(path)
+            for path in ("/playground/nothere.js", "/playground/index.html", "/docs/index.html")
+        ]
+        doc = (await client.get("/openapi.json")).json()
+        closed = await client.get("/v1/models")
+        posted = await client.post("/playground", json={})
+    for response in pages.values():
+        assert response.status_code == 200 and response.headers["content-type"].startswith(
+            "text/html"
+        )
+        # Nothing the page loads comes from elsewhere.
+        assert "https://" not in response.text and "http://" not in response.text
+    assert '<script type="module" src="/playground/app.js">' in pages["/"].text
+    assert pages["/playground"].text == pages["/"].text
+    assert all(r.status_code == 200 and r.content for r in assets)
+    assert "javascript" in assets[0].headers["content-type"]
+    assert all(r.status_code == 404 for r in missing)
+    assert missing[0].json()["error"]["code"] == "not_found"
+    assert not {"/", "/playground", "/docs"} & set(doc["paths"])  # pages are not the API
+    assert closed.status_code == 401 and posted.status_code == 401

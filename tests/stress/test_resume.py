@@ -46,6 +46,13 @@ async def read_some(
     return events
 
 
+async def read_into(client: httpx.AsyncClient, payload: dict, events: list[SSEEvent]) -> None:
+    """Read the stream to its end, appending each event to ``events`` as it arrives."""
+    async with client.stream("POST", "/v1/generate", json=payload) as r:
+        async for event in iter_sse(r):
+            events.append(event)
+
+
 async def read_all(
     client: httpx.AsyncClient, payload: dict, headers: dict[str, str] | None = None
 ) -> list[SSEEvent]:
@@ -123,15 +130,8 @@ async def test_a_second_connection_supersedes_the_first(tiny_app) -> None:
         with gate:
             gate.close()
 
-            async def read_first() -> None:
-                async with client.stream(
-                    "POST", "/v1/generate", json=body(request_id="job-3")
-                ) as r:
-                    async for event in iter_sse(r):
-                        first.append(event)
-
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(read_first)
+                nursery.start_soon(read_into, client, body(request_id="job-3"), first)
                 await wait_for(lambda: any(e.event == "started" for e in first))
                 second_task: list[list[SSEEvent]] = []
 
@@ -179,16 +179,8 @@ async def test_delete_stops_a_resumable_request_and_its_reader_gets_one_terminal
         with gate:
             gate.close()
             gate.allow(3)
-
-            async def read() -> None:
-                async with client.stream(
-                    "POST", "/v1/generate", json=body(300, request_id="job-5")
-                ) as r:
-                    async for event in iter_sse(r):
-                        events.append(event)
-
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(read)
+                nursery.start_soon(read_into, client, body(300, request_id="job-5"), events)
                 await wait_for(lambda: sum(e.event == "token" for e in events) >= 2)
                 stopped = await client.delete("/v1/generate/job-5")
                 await wait_for(lambda: terminals(events) != [])
