@@ -16,6 +16,7 @@ const app = {
   run: null, // the current run: {messages|prompt, promptIds, promptText, body, columns}
   selected: null, // {column, index}: the token whose attention is shown
   pinned: false, // the popover stays open (a chip was clicked)
+  shown: 0, // the latest attention view asked for: an older answer arriving late is dropped
 };
 
 // --- start ---------------------------------------------------------------------------------
@@ -641,6 +642,7 @@ function checkStructured(column) {
 async function showAttention() {
   const selected = app.selected;
   if (!selected) return;
+  const ticket = ++app.shown;
   const { column, index } = selected;
   const token = column.tokens[index];
   const layer = Number($("attn-layer").value);
@@ -654,22 +656,26 @@ async function showAttention() {
   const ids = [...column.run.promptIds, ...column.tokens.slice(0, index).map((t) => t.id)];
   let row;
   let pieces;
+  let source;
   try {
     if (token.attn && token.layer === layer) {
       row = token.attn[head];
       pieces = await piecesOf(column, index);
-      $("attention-source").textContent = "from the stream's trace";
+      source = "from the stream's trace";
     } else {
       const answer = await api.post("/v1/inspect/attention", { prompt: ids, layer, head });
       row = answer.attn[answer.attn.length - 1];
       pieces = answer.tokens;
-      $("attention-source").textContent = "from /v1/inspect/attention";
+      source = "from /v1/inspect/attention";
     }
   } catch (error) {
+    if (ticket !== app.shown) return;
     $("heat").replaceChildren();
     $("attention-source").textContent = `${error.code || "error"}: ${error.message}`;
     return;
   }
+  if (ticket !== app.shown) return;
+  $("attention-source").textContent = source;
   drawHeat(row, pieces);
 }
 
@@ -708,6 +714,7 @@ function drawHeat(row, pieces) {
 async function showPromptAttention() {
   const run = app.run;
   if (!run) return;
+  const ticket = ++app.shown;
   const layer = Number($("attn-layer").value);
   const head = Number($("attn-head").value);
   $("attention").hidden = false;
@@ -717,9 +724,12 @@ async function showPromptAttention() {
   try {
     answer = await api.post("/v1/inspect/attention", { prompt: run.promptIds, layer, head });
   } catch (error) {
-    $("attention-source").textContent = `${error.code || "error"}: ${error.message}`;
+    if (ticket === app.shown) {
+      $("attention-source").textContent = `${error.code || "error"}: ${error.message}`;
+    }
     return;
   }
+  if (ticket !== app.shown) return;
   $("attention-source").textContent = "from /v1/inspect/attention";
   const n = answer.tokens.length;
   const cell = Math.max(2, Math.min(28, Math.floor(560 / n)));
