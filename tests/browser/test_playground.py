@@ -284,6 +284,13 @@ def call_metrics(server: Server) -> dict[str, float]:
     return {name: float(value) for name, value in pairs}
 
 
+def test_a_refused_request_shows_the_servers_error_code(server: Server, watched: Watched) -> None:
+    page = watched.page
+    complete(page, server.url, "Hello", max_tokens="4096")  # over the 2048-token context
+    assert page.locator(".column").get_attribute("data-status") == "error"
+    assert "finish: context_length_exceeded" in numbers(page)
+
+
 def test_docs_render_the_operations_offline(server: Server, watched: Watched, screenshot) -> None:
     page = watched.page
     page.goto(server.url + "/docs")

@@ -227,15 +227,15 @@ async function send() {
   } else {
     source.prompt = text;
   }
-  let tokenized;
+  let promptIds;
+  let promptText = text;
   try {
-    tokenized = await api.post("/tokenize", source);
+    promptIds = (await api.post("/tokenize", source)).tokens;
+    if (chat) promptText = (await api.post("/detokenize", { tokens: promptIds })).prompt;
   } catch (error) {
     status(`${error.code}: ${error.message}`);
     return;
   }
-  const promptIds = tokenized.tokens;
-  const promptText = chat ? (await api.post("/detokenize", { tokens: promptIds })).prompt : text;
   if (chat) {
     app.history.push({ role: "user", content: text });
     renderHistory();
