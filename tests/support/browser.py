@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
+import time
 from dataclasses import dataclass, field
 
 from playwright.sync_api import Page
@@ -41,11 +42,17 @@ class Watched:
 class DroppingProxy:
     """A TCP proxy to ``upstream`` that cuts the first ``/v1/generate`` response it carries
     once ``cut_after`` bytes of it have passed (both sides closed, as a dropped network
-    would), and records the requests' first lines and ``Last-Event-ID`` headers."""
+    would), and records the requests' first lines and ``Last-Event-ID`` headers.
 
-    def __init__(self, upstream_port: int, cut_after: int) -> None:
+    Before the cut it holds the stream for ``settle_s``: a fetch body that errors drops
+    the chunks its reader has not taken yet, so without the pause the page might lose every
+    event before the cut and (rightly) resume from the start, without ``Last-Event-ID``.
+    """
+
+    def __init__(self, upstream_port: int, cut_after: int, settle_s: float = 1.0) -> None:
         self.upstream_port = upstream_port
         self.cut_after = cut_after
+        self.settle_s = settle_s
         self.cuts = 0
         self.heads: list[bytes] = []  # each request's head, as the client sent it
         self._lock = threading.Lock()
@@ -97,6 +104,7 @@ class DroppingProxy:
                     cut = self.cuts == 0 and pair.passed >= self.cut_after
                     self.cuts += cut
                 if cut:
+                    time.sleep(self.settle_s)  # the page reads what it has; nothing more comes
                     break
         pair.close()
 

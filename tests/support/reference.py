@@ -1,12 +1,17 @@
-"""Plain reference implementations of sampling steps, to check the engine's fast paths."""
+"""Plain reference implementations of sampling steps, to check the engine's fast paths, and
+transformers' load of a GGUF file, to check the models."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
+import gguf
 import torch
 from torch import Tensor
+from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from infer.engine.sampler import _candidates
 from infer.engine.sampling import SamplingParams
@@ -41,3 +46,30 @@ def sampling_probs(logits: Tensor, params: SamplingParams, history: Sequence[int
     weights, ids = _candidates(logits, params, history)
     weights = weights / weights.sum()
     return weights if ids is None else torch.zeros_like(logits).scatter_(-1, ids, weights)
+
+
+def transformers_gguf(path: Path) -> PreTrainedModel:
+    """transformers' own load of a GGUF file, in float32: the independent reference the real
+    models' logits are checked against.
+
+    transformers reads the file's metadata twice (once for the config, once with the
+    tensors), and gguf's reader parses a vocabulary of 150k-260k strings in Python each time
+    (~12 s apiece here); the two reads share one reader. What is loaded is unchanged.
+    """
+    original = gguf.GGUFReader
+    readers: dict[tuple[str, str], Any] = {}
+
+    def shared(source: Any, mode: str = "r") -> Any:
+        key = (str(source), mode)
+        if key not in readers:
+            readers[key] = original(source, mode)
+        return readers[key]
+
+    gguf.GGUFReader = shared  # transformers imports it inside each call
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            str(path.parent), gguf_file=path.name, dtype=torch.float32
+        )
+    finally:
+        gguf.GGUFReader = original
+    return model.eval()
