@@ -137,6 +137,28 @@ def test_a_chat_streams_tokens_into_the_strip_and_hovering_shows_the_top_k(
     screenshot(page, "playground-chat")
 
 
+def test_a_kept_reply_joins_the_conversation_before_the_next_message(
+    server: Server, watched: Watched
+) -> None:
+    page = watched.page
+    open_playground(page, server.url)
+    configure(page, temperature="0", max_tokens="12", n="2")
+    send(page, "Name a colour.")
+    wait_done(page, columns=2)
+    page.locator(".column .keep").nth(1).click()
+    expect(page.locator(".column.kept")).to_have_count(1)
+    kept = page.evaluate("() => window.__playground.columnText(1)")
+    configure(page, n="1")
+    send(page, "And another one?")
+    wait_done(page)
+    turns = page.locator("#history .turn")
+    assert turns.all_inner_texts() == ["Name a colour.", kept.strip(), "And another one?"]
+    request = json.loads(page.locator("#raw-request").text_content())
+    assert [m["role"] for m in request["messages"]] == ["user", "assistant", "user"]
+    assert request["messages"][1]["content"] == kept
+    assert kept in page.locator("#rendered-prompt").text_content()
+
+
 def test_clicking_an_alternative_branches_from_that_token(
     server: Server, watched: Watched, screenshot
 ) -> None:
@@ -228,7 +250,7 @@ def test_structured_output_is_checked_against_the_schema(server: Server, watched
     page = watched.page
     open_playground(page, server.url)
     page.check("#schema-enabled")
-    configure(page, temperature="0.7", max_tokens="60", seed="3")
+    configure(page, temperature="0.7", max_tokens="120", seed="3")
     send(page, "Describe a person as JSON.")
     wait_done(page)
     check = page.locator(".column .schema-check")
@@ -262,7 +284,7 @@ def test_stop_ends_the_streams_and_frees_the_server(server: Server, watched: Wat
     page = watched.page
     open_playground(page, server.url)
     page.check("#mode-completion")
-    configure(page, temperature="1", max_tokens="1500", n="2")
+    configure(page, temperature="1", max_tokens="1500", n="2", seed="5")
     send(page, "Write a very long essay about the sea.")
     expect(page.locator(".column .chip").nth(3)).to_be_visible()
     page.click("#stop-all")
