@@ -266,27 +266,18 @@ class ResponseBuilder:
             return []
         self._open = None
         index, item_id, text = current.index, current.item_id, current.text
+        extra: dict[str, Any]
         if current.kind == "reasoning":
             item = reasoning_item(item_id, text, status)
             part: dict[str, Any] = {"type": "reasoning_text", "text": text}
-            done = self._event(
-                "response.reasoning_text.done",
-                item_id=item_id,
-                output_index=index,
-                content_index=0,
-                text=text,
-            )
+            name, extra = "response.reasoning_text.done", {}
         else:
             item = message_item(item_id, text, status)
             part = _text_part(text)
-            done = self._event(
-                "response.output_text.done",
-                item_id=item_id,
-                output_index=index,
-                content_index=0,
-                text=text,
-                logprobs=[],
-            )
+            name, extra = "response.output_text.done", {"logprobs": []}
+        done = self._event(
+            name, item_id=item_id, output_index=index, content_index=0, text=text, **extra
+        )
         self.output[index] = item
         return [
             done,

@@ -463,6 +463,11 @@ class InputText(_Body):
     logprobs: list[Any] | None = None
 
 
+def _joined(content: str | list[InputText]) -> str:
+    """A Responses item's text, given as one string or as text parts."""
+    return content if isinstance(content, str) else "".join(part.text for part in content)
+
+
 class InputMessage(_Body):
     """A message of a Responses ``input`` (``type`` may be left out)."""
 
@@ -474,9 +479,7 @@ class InputMessage(_Body):
     phase: str | None = None
 
     def text(self) -> str:
-        if isinstance(self.content, str):
-            return self.content
-        return "".join(part.text for part in self.content)
+        return _joined(self.content)
 
 
 class FunctionCallItem(_Body):
@@ -500,9 +503,7 @@ class FunctionCallOutputItem(_Body):
     status: str | None = None
 
     def text(self) -> str:
-        if isinstance(self.output, str):
-            return self.output
-        return "".join(part.text for part in self.output)
+        return _joined(self.output)
 
 
 class ReasoningInputItem(_Body):
