@@ -15,6 +15,7 @@ import httpx
 from playwright.sync_api import Page, expect
 
 from support.browser import API_KEY, DroppingProxy, Server, Watched
+from support.server import parse_metrics
 
 LONG_PROMPT = (  # three blocks of the prefix cache and more
     "The painter mixed her colours on a wooden palette by the window. She had red, yellow "
@@ -302,8 +303,7 @@ def call_metrics(server: Server) -> dict[str, float]:
     text = httpx.get(
         server.url + "/metrics", headers={"Authorization": f"Bearer {API_KEY}"}, timeout=60
     ).text
-    pairs = (line.rsplit(" ", 1) for line in text.splitlines() if not line.startswith("#"))
-    return {name: float(value) for name, value in pairs}
+    return parse_metrics(text)
 
 
 def test_a_refused_request_shows_the_servers_error_code(server: Server, watched: Watched) -> None:

@@ -251,7 +251,11 @@ async def read_stream(client: httpx.AsyncClient, path: str, body: dict, out: Str
 
 async def metrics(client: httpx.AsyncClient) -> dict[str, float]:
     """The server's ``/metrics`` as ``{name{labels}: value}``."""
-    text = (await client.get("/metrics")).text
+    return parse_metrics((await client.get("/metrics")).text)
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text exposition as ``{name{labels}: value}``."""
     return {
         line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
         for line in text.splitlines()
