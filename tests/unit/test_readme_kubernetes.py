@@ -1,4 +1,4 @@
-"""The Kubernetes example README.md points to (infer/deploy/kubernetes.yaml): it parses,
+"""The Kubernetes example infer/deploy/README.md points to (kubernetes.yaml beside it): it parses,
 its commands are ones the two programs accept, and its timings give a replica the time to
 drain.
 
