@@ -12,13 +12,15 @@
 // 8, 6-bit s and o) and Q6_K (G = 16, S = 16, o = 32 * s... as M = 32 * D, o = s) are all this
 // formula with the file's own numbers, computed exactly in float.
 //
-// Each row of x is quantized per group like llama.cpp's Q8 activations: a = d_a * q_a with
-// int8 q_a, d_a = max|x| / 127. Then per row, column and group
+// Each row of x is quantized like llama.cpp's Q8 activations: a = d_a * q_a with int8 q_a,
+// d_a = max|x| / 127 over a span of k's. Then per row, column and group
 //   sum_k w x = D*s * d_a * sum(u q_a) - M*o * d_a * sum(q_a),
-// where sum(u q_a) is exact in int32 (VPDPBUSD: four u8 x s8 products per lane) and the rest
-// is two float FMAs per 16 columns per group. A tile of R rows x 32 columns keeps its int and
-// float accumulators in registers across K, so each weight load feeds R rows. Every row is
-// computed the same way whatever else is in the call: results do not depend on the batch.
+// where sum(u q_a) is exact in int32 (VPDPBUSD: four u8 x s8 products per lane). A weight
+// with superblocks (the K-quants) shares d_a over a span of up to 8 of its groups, as
+// llama.cpp's Q8_K does over 256 k's: s * sum(u q_a) then adds up in int32 over the span and
+// turns float once per span. Other weights take d_a per group. A tile of R rows x 32 columns
+// keeps its accumulators in registers across K, so each weight load feeds R rows. Every row
+// is computed the same way whatever else is in the call: results do not depend on the batch.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -42,6 +44,8 @@ constexpr int64_t kRowBlock = 64;  // rows per pass over the weights
 // How far ahead of its loads a tile prefetches its weights (bytes). A tile's columns are
 // contiguous streams of a few KB, too short for the hardware prefetcher to ramp up.
 constexpr int64_t kAhead = 16384;
+// Most groups that share one activation scale (Super tiles).
+constexpr int64_t kSpanGroups = 8;
 
 enum Act : int { kNone = 0, kSilu = 1, kGelu = 2 };
 
@@ -86,47 +90,56 @@ Layout layout_of(const at::Tensor& w) {
   return l;
 }
 
-// Rows of x quantized per group: q (int8, K per row), and per group d_a and d_a * sum(q).
+// Rows of x quantized like llama.cpp's Q8 activations: int8 q (K per row) with one scale d_a
+// per span of `per` groups; per group, sum(q) as int16 and d_a * sum(q) as float.
 struct QuantX {
   std::vector<int8_t> q;
   std::vector<float> d, dsum;
-  int64_t k, groups;
+  std::vector<int16_t> bsum;
+  int64_t k, groups, per, spans;
 };
 
 template <typename T>
-void quantize_rows(const T* x, int64_t rows, int64_t k, int64_t group, QuantX& out) {
+void quantize_rows(const T* x, int64_t rows, int64_t k, int64_t group, int64_t per,
+                   QuantX& out) {
   out.k = k;
   out.groups = k / group;
+  out.per = per;
+  out.spans = (out.groups + per - 1) / per;
   out.q.resize(rows * k);
-  out.d.resize(rows * out.groups);
+  out.d.resize(rows * out.spans);
   out.dsum.resize(rows * out.groups);
+  out.bsum.resize(rows * out.groups);
+  auto load = [](const T* p) {
+    if constexpr (std::is_same_v<T, float>) {
+      return _mm512_loadu_ps(p);
+    } else {
+      return load_bf16(p, 0xFFFF);
+    }
+  };
   auto row = [&](int64_t r) {
     const T* xr = x + r * k;
-    for (int64_t g = 0; g < out.groups; ++g) {
-      __m512 v[2];
-      for (int64_t h = 0; h < group / kLanes; ++h) {
-        if constexpr (std::is_same_v<T, float>) {
-          v[h] = _mm512_loadu_ps(xr + g * group + h * kLanes);
-        } else {
-          v[h] = load_bf16(xr + g * group + h * kLanes, 0xFFFF);
-        }
-      }
-      __m512 amax = _mm512_abs_ps(v[0]);
-      if (group == 32) amax = _mm512_max_ps(amax, _mm512_abs_ps(v[1]));
+    for (int64_t sp = 0; sp < out.spans; ++sp) {
+      const int64_t k0 = sp * per * group, k1 = std::min(k, k0 + per * group);
+      __m512 amax = _mm512_setzero_ps();
+      for (int64_t i = k0; i < k1; i += kLanes) amax = _mm512_max_ps(amax, _mm512_abs_ps(load(xr + i)));
       const float m = _mm512_reduce_max_ps(amax);
       const float d = m / 127.0f;
       const __m512 inv = _mm512_set1_ps(m > 0.0f ? 127.0f / m : 0.0f);
-      int32_t total = 0;
-      for (int64_t h = 0; h < group / kLanes; ++h) {
-        const __m512i qi =
-            _mm512_cvt_roundps_epi32(_mm512_mul_ps(v[h], inv), _MM_FROUND_TO_NEAREST_INT |
-                                                                   _MM_FROUND_NO_EXC);
-        total += _mm512_reduce_add_epi32(qi);
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(&out.q[r * k + g * group + h * kLanes]),
-                         _mm512_cvtsepi32_epi8(qi));
+      out.d[r * out.spans + sp] = d;
+      for (int64_t g = k0 / group; g < k1 / group; ++g) {
+        int32_t total = 0;
+        for (int64_t h = 0; h < group / kLanes; ++h) {
+          const int64_t i = g * group + h * kLanes;
+          const __m512i qi = _mm512_cvt_roundps_epi32(
+              _mm512_mul_ps(load(xr + i), inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+          total += _mm512_reduce_add_epi32(qi);
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(&out.q[r * k + i]),
+                           _mm512_cvtsepi32_epi8(qi));
+        }
+        out.dsum[r * out.groups + g] = d * static_cast<float>(total);
+        out.bsum[r * out.groups + g] = static_cast<int16_t>(total);
       }
-      out.d[r * out.groups + g] = d;
-      out.dsum[r * out.groups + g] = d * static_cast<float>(total);
     }
   };
   if (rows == 1) {
@@ -171,8 +184,47 @@ inline __m512i weights(const uint8_t* q, int64_t step) {
   }
 }
 
-// Rows [0, R) x column blocks [0, C) from block `b0`; x rows from `r0`.
+// The dot products of one group: dot[r][c] += sum over its k's of u * q_a (exact, int32).
 template <int Bits, int G, int R, int C>
+inline void group_dots(const uint8_t* const* q, int64_t g, const int32_t* const* xq,
+                       __m512i (&dot)[R][C]) {
+  constexpr int kSteps = G / 4;
+  constexpr int64_t kGroupBytes = G * kLanes * Bits / 8;  // one block's weights per group
+  const uint8_t* qg[C];
+  for (int c = 0; c < C; ++c) {
+    qg[c] = q[c] + g * kGroupBytes;
+    for (int64_t line = 0; line < kGroupBytes; line += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(qg[c]) + line + kAhead, _MM_HINT_T1);
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) dot[r][c] = _mm512_setzero_si512();
+  // unrolled, so that each step's nibble and shift are constants
+#pragma GCC unroll 16
+  for (int st = 0; st < kSteps; ++st) {
+    __m512i wv[C];
+    for (int c = 0; c < C; ++c) wv[c] = weights<Bits>(qg[c], st);
+    for (int r = 0; r < R; ++r) {
+      const __m512i xb = _mm512_set1_epi32(xq[r][g * kSteps + st]);
+      for (int c = 0; c < C; ++c) dot[r][c] = _mm512_dpbusd_epi32(dot[r][c], wv[c], xb);
+    }
+  }
+}
+
+// 16 int8 values from p as floats.
+inline __m512 int8_ps(const int8_t* p) {
+  return _mm512_cvtepi32_ps(
+      _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+
+// Rows [0, R) x column blocks [0, C) from block `b0`; x rows from `r0`.
+//
+// Per group (Super = false; x has a scale per group): acc += d_a*D*s*dot - M*o*d_a*sum(q_a),
+// four float operations per row and column block, on the pipes the dot products use: with
+// them a batch's tile ran at ~65% of the CPU's VNNI peak, without them at ~90%. Super = true
+// (x scaled per span of groups within a superblock): per group only S += s*dot in int32
+// (VPMULLD and an add), and once per span acc += d_a*(D*S - M*sum_g o*sum(q_a)), that sum
+// by VPDPWSSD over pairs of groups.
+template <int Bits, int G, int R, int C, bool Super>
 void tile(const Layout& l, int64_t b0, const QuantX& x, int64_t r0, const Out& o, int64_t orow0) {
   __m512 acc[R][C];
   for (int r = 0; r < R; ++r)
@@ -187,50 +239,81 @@ void tile(const Layout& l, int64_t b0, const QuantX& x, int64_t r0, const Out& o
   }
   const int32_t* xq[R];
   for (int r = 0; r < R; ++r) xq[r] = reinterpret_cast<const int32_t*>(&x.q[(r0 + r) * x.k]);
-  constexpr int kSteps = G / 4;
-  __m512 dv[C], mv[C];
-  for (int64_t g = 0; g < l.groups; ++g) {
-    if (g % l.supers_every == 0) {
-      const int64_t s = g / l.supers_every;
-      for (int c = 0; c < C; ++c) {
-        dv[c] = _mm512_cvtph_ps(_mm256_loadu_si256(
-            reinterpret_cast<const __m256i*>(sup[c] + s * 2 * kLanes)));
-        mv[c] = _mm512_cvtph_ps(_mm256_loadu_si256(
-            reinterpret_cast<const __m256i*>(sup[c] + s * 2 * kLanes + kLanes)));
-      }
-    }
-    __m512i dot[R][C];
-    for (int r = 0; r < R; ++r)
-      for (int c = 0; c < C; ++c) dot[r][c] = _mm512_setzero_si512();
-    const int64_t step0 = g * kSteps;
-    for (int st = 0; st < kSteps; ++st) {
-      __m512i wv[C];
-      for (int c = 0; c < C; ++c) {
-        _mm_prefetch(reinterpret_cast<const char*>(q[c]) + (step0 + st) * 8 * Bits + kAhead,
-                     _MM_HINT_T1);
-        wv[c] = weights<Bits>(q[c], step0 + st);
-      }
-      for (int r = 0; r < R; ++r) {
-        const __m512i xb = _mm512_set1_epi32(xq[r][step0 + st]);
-        for (int c = 0; c < C; ++c) dot[r][c] = _mm512_dpbusd_epi32(dot[r][c], wv[c], xb);
-      }
-    }
-    // the group's scales after its dot products: fewer registers live across that loop
-    __m512 sv[C], ov[C];
+  for (int64_t s0 = 0, sb = 0; s0 < l.groups; s0 += l.supers_every, ++sb) {
+    __m512 dv[C], mv[C];
     for (int c = 0; c < C; ++c) {
-      const int8_t* s = sc[c] + g * 2 * kLanes;
-      sv[c] = _mm512_mul_ps(dv[c], _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-                                       _mm_loadu_si128(reinterpret_cast<const __m128i*>(s)))));
-      ov[c] = _mm512_mul_ps(mv[c], _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
-                                       reinterpret_cast<const __m128i*>(s + kLanes)))));
+      const at::Half* d = sup[c] + sb * 2 * kLanes;
+      dv[c] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(d)));
+      mv[c] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(d + kLanes)));
     }
-    for (int r = 0; r < R; ++r) {
-      const __m512 da = _mm512_set1_ps(x.d[(r0 + r) * x.groups + g]);
-      const __m512 ds = _mm512_set1_ps(x.dsum[(r0 + r) * x.groups + g]);
-      for (int c = 0; c < C; ++c) {
-        acc[r][c] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(dot[r][c]), da), sv[c],
-                                    acc[r][c]);
-        acc[r][c] = _mm512_fnmadd_ps(ov[c], ds, acc[r][c]);
+    const int64_t g1 = std::min(l.groups, s0 + l.supers_every);
+    if constexpr (Super) {
+      for (int64_t p0 = s0; p0 < g1; p0 += x.per) {  // the spans of this superblock
+        const int64_t p1 = std::min(g1, p0 + x.per);
+        __m512i isum[R][C];
+        for (int r = 0; r < R; ++r)
+          for (int c = 0; c < C; ++c) isum[r][c] = _mm512_setzero_si512();
+        for (int64_t g = p0; g < p1; ++g) {
+          __m512i dot[R][C];
+          group_dots<Bits, G, R, C>(q, g, xq, dot);
+          for (int c = 0; c < C; ++c) {
+            const __m512i sv = _mm512_cvtepi8_epi32(
+                _mm_loadu_si128(reinterpret_cast<const __m128i*>(sc[c] + g * 2 * kLanes)));
+            for (int r = 0; r < R; ++r)
+              isum[r][c] = _mm512_add_epi32(isum[r][c], _mm512_mullo_epi32(dot[r][c], sv));
+          }
+        }
+        __m512 sum[R][C];
+        for (int r = 0; r < R; ++r)
+          for (int c = 0; c < C; ++c) sum[r][c] = _mm512_cvtepi32_ps(isum[r][c]);
+        // sum_g o * sum(q_a), two groups per VPDPWSSD: each lane's (o_g, o_g+1) as int16 pairs
+        __m512i mins[R][C];
+        for (int r = 0; r < R; ++r)
+          for (int c = 0; c < C; ++c) mins[r][c] = _mm512_setzero_si512();
+        for (int64_t g = p0; g < p1; g += 2) {
+          __m512i pair[C];
+          for (int c = 0; c < C; ++c) {
+            const auto* lo = reinterpret_cast<const __m128i*>(sc[c] + g * 2 * kLanes + kLanes);
+            const auto* hi = reinterpret_cast<const __m128i*>(sc[c] + (g + 1) * 2 * kLanes + kLanes);
+            const __m128i a = _mm_loadu_si128(lo), b = _mm_loadu_si128(hi);
+            pair[c] = _mm512_cvtepi8_epi16(
+                _mm256_set_m128i(_mm_unpackhi_epi8(a, b), _mm_unpacklo_epi8(a, b)));
+          }
+          for (int r = 0; r < R; ++r) {
+            int32_t both;
+            std::memcpy(&both, &x.bsum[(r0 + r) * x.groups + g], sizeof both);
+            const __m512i bs = _mm512_set1_epi32(both);
+            for (int c = 0; c < C; ++c) mins[r][c] = _mm512_dpwssd_epi32(mins[r][c], pair[c], bs);
+          }
+        }
+        for (int r = 0; r < R; ++r) {
+          const __m512 da = _mm512_set1_ps(x.d[(r0 + r) * x.spans + p0 / x.per]);
+          for (int c = 0; c < C; ++c) {
+            const __m512 t = _mm512_fnmadd_ps(mv[c], _mm512_cvtepi32_ps(mins[r][c]),
+                                              _mm512_mul_ps(dv[c], sum[r][c]));
+            acc[r][c] = _mm512_fmadd_ps(t, da, acc[r][c]);
+          }
+        }
+      }
+    } else {
+      for (int64_t g = s0; g < g1; ++g) {
+        __m512i dot[R][C];
+        group_dots<Bits, G, R, C>(q, g, xq, dot);
+        // the group's scales after its dot products: fewer registers live across them
+        __m512 sv[C], ov[C];
+        for (int c = 0; c < C; ++c) {
+          sv[c] = _mm512_mul_ps(dv[c], int8_ps(sc[c] + g * 2 * kLanes));
+          ov[c] = _mm512_mul_ps(mv[c], int8_ps(sc[c] + g * 2 * kLanes + kLanes));
+        }
+        for (int r = 0; r < R; ++r) {
+          const __m512 da = _mm512_set1_ps(x.d[(r0 + r) * x.spans + g]);
+          const __m512 ds = _mm512_set1_ps(x.dsum[(r0 + r) * x.groups + g]);
+          for (int c = 0; c < C; ++c) {
+            acc[r][c] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(dot[r][c]), da),
+                                        sv[c], acc[r][c]);
+            acc[r][c] = _mm512_fnmadd_ps(ov[c], ds, acc[r][c]);
+          }
+        }
       }
     }
   }
@@ -263,24 +346,27 @@ void tile(const Layout& l, int64_t b0, const QuantX& x, int64_t r0, const Out& o
   }
 }
 
-template <int Bits, int G, int C>
+template <int Bits, int G, int C, bool Super>
 void rows_tile(int64_t rows, const Layout& l, int64_t b0, const QuantX& x, int64_t r0,
                const Out& o) {
   switch (rows) {
-    case 6: return tile<Bits, G, 6, C>(l, b0, x, r0, o, r0);
-    case 5: return tile<Bits, G, 5, C>(l, b0, x, r0, o, r0);
-    case 4: return tile<Bits, G, 4, C>(l, b0, x, r0, o, r0);
-    case 3: return tile<Bits, G, 3, C>(l, b0, x, r0, o, r0);
-    case 2: return tile<Bits, G, 2, C>(l, b0, x, r0, o, r0);
-    default: return tile<Bits, G, 1, C>(l, b0, x, r0, o, r0);
+    case 4: return tile<Bits, G, 4, C, Super>(l, b0, x, r0, o, r0);
+    case 3: return tile<Bits, G, 3, C, Super>(l, b0, x, r0, o, r0);
+    case 2: return tile<Bits, G, 2, C, Super>(l, b0, x, r0, o, r0);
+    default: return tile<Bits, G, 1, C, Super>(l, b0, x, r0, o, r0);
   }
 }
 
 template <int Bits, int G>
 void run_item(int64_t rows, const Layout& l, int64_t b0, int64_t nblocks, const QuantX& x,
               int64_t r0, const Out& o) {
-  if (nblocks == 2) return rows_tile<Bits, G, 2>(rows, l, b0, x, r0, o);
-  return rows_tile<Bits, G, 1>(rows, l, b0, x, r0, o);
+  const bool super = x.per > 1;
+  if (nblocks == 2) {
+    return super ? rows_tile<Bits, G, 2, true>(rows, l, b0, x, r0, o)
+                 : rows_tile<Bits, G, 2, false>(rows, l, b0, x, r0, o);
+  }
+  return super ? rows_tile<Bits, G, 1, true>(rows, l, b0, x, r0, o)
+               : rows_tile<Bits, G, 1, false>(rows, l, b0, x, r0, o);
 }
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight,
@@ -293,11 +379,17 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight,
               "a gated weight needs a multiple of 32 output features");
   auto x2 = x.reshape({-1, l.k}).contiguous();
   const int64_t rows = x2.size(0);
+  // x scaled per span of an even number of groups that divides the weight's superblocks
+  // (the K-quants: 8 groups, 256 k's for Q4_K and 128 for Q6_K), else per group
+  int64_t per = 1;
+  if (l.supers_every % 2 == 0 && l.groups % l.supers_every == 0)
+    for (int64_t p = 2; p <= std::min(l.supers_every, kSpanGroups); p += 2)
+      if (l.supers_every % p == 0) per = p;
   QuantX qx;
   if (x2.scalar_type() == at::kFloat) {
-    quantize_rows(x2.data_ptr<float>(), rows, l.k, l.group, qx);
+    quantize_rows(x2.data_ptr<float>(), rows, l.k, l.group, per, qx);
   } else {
-    quantize_rows(x2.data_ptr<c10::BFloat16>(), rows, l.k, l.group, qx);
+    quantize_rows(x2.data_ptr<c10::BFloat16>(), rows, l.k, l.group, per, qx);
   }
   const int64_t width = act == kNone ? l.n : l.n / 2;
   auto sizes = x.sizes().vec();

@@ -78,15 +78,23 @@ def test_other_types_are_not_kept() -> None:
     assert quant.from_gguf(QT.F32, raw, (4, 64)) is None
 
 
+SPAN_GROUPS = 8  # most groups that share one activation scale (quant_linear.cpp's)
+
+
 def _reference(x: torch.Tensor, w: QuantTensor) -> torch.Tensor:
-    """The kernel's arithmetic in torch: x quantized per group to int8 (d = max|x| / 127),
+    """The kernel's arithmetic in torch: x quantized to int8 (d = max|x| / 127) per span of
+    up to 8 groups within a K-quant's superblock (as llama.cpp's Q8_K) or else per group,
     integer dot products per group, then the group's float scale and offset."""
     n, k = w.shape
-    g = w.group
-    xg = x.float().reshape(x.shape[0], k // g, g)
-    amax = xg.abs().amax(-1, keepdim=True)
-    d_a = amax / 127
-    q_a = torch.round(xg * torch.where(amax > 0, 127 / amax, 0)).clamp(-127, 127)
+    g, per = w.group, 1
+    if w.supers_every % 2 == 0 and (k // g) % w.supers_every == 0:
+        spans = range(2, min(w.supers_every, SPAN_GROUPS) + 1, 2)
+        per = max(p for p in spans if w.supers_every % p == 0)
+    xs = x.float().reshape(x.shape[0], k // (g * per), g * per)
+    amax = xs.abs().amax(-1, keepdim=True)
+    q_a = torch.round(xs * torch.where(amax > 0, 127 / amax, 0)).clamp(-127, 127)
+    q_a = q_a.reshape(x.shape[0], k // g, g)
+    d_a = (amax / 127).repeat_interleave(per, 1)
     d = w.d.float().repeat_interleave(w.supers_every, 1)[:, : k // g]
     m = w.m.float().repeat_interleave(w.supers_every, 1)[:, : k // g]
     u = w.u.float().reshape(n, k // g, g)
