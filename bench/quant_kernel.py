@@ -22,22 +22,26 @@ import infer  # noqa: F401  (sets OMP_WAIT_POLICY before torch threads start)
 from infer import kernels
 from infer.models.quant import QuantTensor, pack
 
-# name, N, K, bits, group, groups per superblock
+# name, N, K, bits, group, groups per superblock, Q6_K-like (o = s, M = 32 D)
 CASES = (
-    ("gate/up Q4_K", 17920, 1536, 4, 32, 8),
-    ("down Q6_K", 1536, 8960, 6, 16, 16),
-    ("q/k/v 6-bit", 2048, 1536, 6, 16, 16),
+    ("gate/up Q4_K", 17920, 1536, 4, 32, 8, False),
+    ("down Q6_K", 1536, 8960, 6, 16, 16, True),
+    ("q/k/v 6-bit", 2048, 1536, 6, 16, 16, False),
 )
 
 
-def random_weight(n: int, k: int, bits: int, group: int, per: int) -> QuantTensor:
+def random_weight(
+    n: int, k: int, bits: int, group: int, per: int, q6k: bool = False
+) -> QuantTensor:
     supers = k // group // per
+    scale = torch.randint(-64 if q6k else 0, 64, (n, k // group), dtype=torch.int8)
+    d = (torch.rand(n, supers) * 0.01).half()
     return QuantTensor(
         torch.randint(0, 1 << bits, (n, k), dtype=torch.uint8),
-        torch.randint(0, 64, (n, k // group), dtype=torch.int8),
-        torch.randint(0, 64, (n, k // group), dtype=torch.int8),
-        (torch.rand(n, supers) * 0.01).half(),
-        (torch.rand(n, supers) * 0.01).half(),
+        scale,
+        scale.clone() if q6k else torch.randint(0, 64, (n, k // group), dtype=torch.int8),
+        d,
+        d * 32 if q6k else (torch.rand(n, supers) * 0.01).half(),
         bits,
         group,
         per,
@@ -55,8 +59,8 @@ def main() -> None:
     torch.manual_seed(0)
     print("| weight | N x K | rows | ms | G multiply-adds/s | of peak | error |")
     print("|---|---|---|---|---|---|---|")
-    for name, n, k, bits, group, per in CASES:
-        w = random_weight(n, k, bits, group, per)
+    for name, n, k, bits, group, per, q6k in CASES:
+        w = random_weight(n, k, bits, group, per, q6k)
         packed, dense = pack(w), w.dequantize()
         for rows in (int(r) for r in args.rows.split(",")):
             x = torch.randn(rows, k).bfloat16()

@@ -1,16 +1,18 @@
 // Linear layers over quantized weights, read as they are: AVX512-VNNI integer dot products.
 //
-// A weight is one uint8 tensor (packed by infer/models/quant.py): a 64-byte header, then
+// A weight is one uint8 tensor (packed by infer/models/quant.py): a 128-byte header (magic,
+// bits, G, S, N, K, the offsets of sc and sup, which of s and o sc holds), then
 //   q    per 16 output columns, every k: unsigned 8-bit values [K/4][16][4] (four k's of a
 //        column in one 32-bit lane, VPDPBUSD's operand), or 4-bit values [K/8][16][4] whose
 //        low nibbles are k 0-3 and high nibbles k 4-7 of each eight, or 6-bit values: per
 //        sixteen k's their low nibbles as the 4-bit layout has them, then [16][4] bytes
 //        holding the top two bits of k 0-3 (bits 0-1), 4-7 (bits 2-3) ... 12-15 (bits 6-7);
-//   sc   per 16 columns and group of G k's (16 or 32): int8 scale s and int8 offset o [2][16];
+//   sc   per 16 columns and group of G k's (16 or 32): int8 scale s and int8 offset o [2][16],
+//        or s alone [16] where every o = s (Q6_K), or nothing where s = o = 1 (Q4_0 ... Q8_0);
 //   sup  per 16 columns and superblock of S groups: fp16 D and M [2][16].
 // The weight is w = D*s*u - M*o: Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 (S = 1, s = o = 1), Q4_K/Q5_K (S =
-// 8, 6-bit s and o) and Q6_K (G = 16, S = 16, o = 32 * s... as M = 32 * D, o = s) are all this
-// formula with the file's own numbers, computed exactly in float.
+// 8, 6-bit s and o) and Q6_K (G = 16, S = 16, M = 32 * D, o = s) are all this formula with
+// the file's own numbers, computed exactly in float.
 //
 // Each row of x is quantized like llama.cpp's Q8 activations: a = d_a * q_a with int8 q_a,
 // d_a = max|x| / 127 over a span of k's. Then per row, column and group
@@ -36,7 +38,8 @@
 
 namespace {
 
-constexpr int64_t kMagic = 0x31544E4951;  // "QINT1"
+constexpr int64_t kMagic = 0x32544E4951;  // "QINT2"
+constexpr int64_t kHeader = 128;          // bytes
 constexpr int64_t kLanes = 16;
 constexpr int64_t kCols = 2;       // 16-column blocks per tile
 constexpr int64_t kRows = 4;       // rows per tile
@@ -44,10 +47,12 @@ constexpr int64_t kRowBlock = 64;  // rows per pass over the weights
 // How far ahead of its loads a tile prefetches its weights (bytes). A tile's columns are
 // contiguous streams of a few KB, too short for the hardware prefetcher to ramp up.
 constexpr int64_t kAhead = 16384;
-// Most groups that share one activation scale (Super tiles).
+// Most groups that share one activation scale (kSpan tiles).
 constexpr int64_t kSpanGroups = 8;
 
 enum Act : int { kNone = 0, kSilu = 1, kGelu = 2 };
+// How a tile scales (see tile()): x per group, per group with s = o = 1, per span of groups.
+enum Mode : int { kPerGroup = 0, kUnit = 1, kSpan = 2 };
 
 struct Layout {
   int64_t bits, group, supers_every, n, k;
@@ -55,15 +60,17 @@ struct Layout {
   const int8_t* sc;
   const at::Half* sup;
   int64_t q_block, sc_block, sup_block;  // bytes / entries per 16-column block
+  int64_t sc_group;  // bytes of sc per 16-column block and group: 32 (s, o), 16 (s = o), 0
+  int64_t o_at;      // where a group's o is in its sc: 16, or 0 (o = s)
   int64_t groups, supers;
 };
 
 Layout layout_of(const at::Tensor& w) {
   TORCH_CHECK(w.scalar_type() == at::kByte && w.dim() == 1 && w.is_contiguous() &&
-                  w.numel() >= 64,
+                  w.numel() >= kHeader,
               "a quantized weight is a contiguous uint8 tensor packed by infer.models.quant");
   const auto* base = w.data_ptr<uint8_t>();
-  int64_t h[8];
+  int64_t h[9];
   std::memcpy(h, base, sizeof h);
   TORCH_CHECK(h[0] == kMagic, "not a quantized weight (bad header)");
   Layout l;
@@ -78,13 +85,16 @@ Layout layout_of(const at::Tensor& w) {
   l.groups = l.k / l.group;
   l.supers = (l.groups + l.supers_every - 1) / l.supers_every;
   l.q_block = l.k * kLanes * l.bits / 8;
-  l.sc_block = l.groups * 2 * kLanes;
+  TORCH_CHECK(h[8] >= 0 && h[8] <= 2, "unsupported quantized layout");
+  l.sc_group = (2 - h[8]) * kLanes;  // h[8]: 0 both stored, 1 o = s, 2 s = o = 1
+  l.o_at = h[8] == 0 ? kLanes : 0;
+  l.sc_block = l.groups * l.sc_group;
   l.sup_block = l.supers * 2 * kLanes;
   const int64_t blocks = l.n / kLanes;
-  TORCH_CHECK(h[6] >= 64 + blocks * l.q_block && h[7] >= h[6] + blocks * l.sc_block &&
+  TORCH_CHECK(h[6] >= kHeader + blocks * l.q_block && h[7] >= h[6] + blocks * l.sc_block &&
                   w.numel() >= h[7] + blocks * l.sup_block * 2,
               "quantized weight is truncated");
-  l.q = base + 64;
+  l.q = base + kHeader;
   l.sc = reinterpret_cast<const int8_t*>(base + h[6]);
   l.sup = reinterpret_cast<const at::Half*>(base + h[7]);
   return l;
@@ -218,13 +228,13 @@ inline __m512 int8_ps(const int8_t* p) {
 
 // Rows [0, R) x column blocks [0, C) from block `b0`; x rows from `r0`.
 //
-// Per group (Super = false; x has a scale per group): acc += d_a*D*s*dot - M*o*d_a*sum(q_a),
+// Per group (kPerGroup, kUnit; x has a scale per group): acc += d_a*D*s*dot - M*o*d_a*sum(q_a),
 // four float operations per row and column block, on the pipes the dot products use: with
-// them a batch's tile ran at ~65% of the CPU's VNNI peak, without them at ~90%. Super = true
+// them a batch's tile ran at ~65% of the CPU's VNNI peak, without them at ~90%. kSpan
 // (x scaled per span of groups within a superblock): per group only S += s*dot in int32
 // (VPMULLD and an add), and once per span acc += d_a*(D*S - M*sum_g o*sum(q_a)), that sum
 // by VPDPWSSD over pairs of groups.
-template <int Bits, int G, int R, int C, bool Super>
+template <int Bits, int G, int R, int C, int Mode>
 void tile(const Layout& l, int64_t b0, const QuantX& x, int64_t r0, const Out& o, int64_t orow0) {
   __m512 acc[R][C];
   for (int r = 0; r < R; ++r)
@@ -247,7 +257,7 @@ void tile(const Layout& l, int64_t b0, const QuantX& x, int64_t r0, const Out& o
       mv[c] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(d + kLanes)));
     }
     const int64_t g1 = std::min(l.groups, s0 + l.supers_every);
-    if constexpr (Super) {
+    if constexpr (Mode == kSpan) {
       for (int64_t p0 = s0; p0 < g1; p0 += x.per) {  // the spans of this superblock
         const int64_t p1 = std::min(g1, p0 + x.per);
         __m512i isum[R][C];
@@ -258,7 +268,7 @@ void tile(const Layout& l, int64_t b0, const QuantX& x, int64_t r0, const Out& o
           group_dots<Bits, G, R, C>(q, g, xq, dot);
           for (int c = 0; c < C; ++c) {
             const __m512i sv = _mm512_cvtepi8_epi32(
-                _mm_loadu_si128(reinterpret_cast<const __m128i*>(sc[c] + g * 2 * kLanes)));
+                _mm_loadu_si128(reinterpret_cast<const __m128i*>(sc[c] + g * l.sc_group)));
             for (int r = 0; r < R; ++r)
               isum[r][c] = _mm512_add_epi32(isum[r][c], _mm512_mullo_epi32(dot[r][c], sv));
           }
@@ -273,8 +283,9 @@ void tile(const Layout& l, int64_t b0, const QuantX& x, int64_t r0, const Out& o
         for (int64_t g = p0; g < p1; g += 2) {
           __m512i pair[C];
           for (int c = 0; c < C; ++c) {
-            const auto* lo = reinterpret_cast<const __m128i*>(sc[c] + g * 2 * kLanes + kLanes);
-            const auto* hi = reinterpret_cast<const __m128i*>(sc[c] + (g + 1) * 2 * kLanes + kLanes);
+            const int8_t* o = sc[c] + g * l.sc_group + l.o_at;
+            const auto* lo = reinterpret_cast<const __m128i*>(o);
+            const auto* hi = reinterpret_cast<const __m128i*>(o + l.sc_group);
             const __m128i a = _mm_loadu_si128(lo), b = _mm_loadu_si128(hi);
             pair[c] = _mm512_cvtepi8_epi16(
                 _mm256_set_m128i(_mm_unpackhi_epi8(a, b), _mm_unpacklo_epi8(a, b)));
@@ -302,8 +313,13 @@ void tile(const Layout& l, int64_t b0, const QuantX& x, int64_t r0, const Out& o
         // the group's scales after its dot products: fewer registers live across them
         __m512 sv[C], ov[C];
         for (int c = 0; c < C; ++c) {
-          sv[c] = _mm512_mul_ps(dv[c], int8_ps(sc[c] + g * 2 * kLanes));
-          ov[c] = _mm512_mul_ps(mv[c], int8_ps(sc[c] + g * 2 * kLanes + kLanes));
+          if constexpr (Mode == kUnit) {  // s = o = 1: D and M are the group's
+            sv[c] = dv[c];
+            ov[c] = mv[c];
+          } else {
+            sv[c] = _mm512_mul_ps(dv[c], int8_ps(sc[c] + g * l.sc_group));
+            ov[c] = _mm512_mul_ps(mv[c], int8_ps(sc[c] + g * l.sc_group + l.o_at));
+          }
         }
         for (int r = 0; r < R; ++r) {
           const __m512 da = _mm512_set1_ps(x.d[(r0 + r) * x.spans + g]);
@@ -346,27 +362,30 @@ void tile(const Layout& l, int64_t b0, const QuantX& x, int64_t r0, const Out& o
   }
 }
 
-template <int Bits, int G, int C, bool Super>
+template <int Bits, int G, int C, int Mode>
 void rows_tile(int64_t rows, const Layout& l, int64_t b0, const QuantX& x, int64_t r0,
                const Out& o) {
   switch (rows) {
-    case 4: return tile<Bits, G, 4, C, Super>(l, b0, x, r0, o, r0);
-    case 3: return tile<Bits, G, 3, C, Super>(l, b0, x, r0, o, r0);
-    case 2: return tile<Bits, G, 2, C, Super>(l, b0, x, r0, o, r0);
-    default: return tile<Bits, G, 1, C, Super>(l, b0, x, r0, o, r0);
+    case 4: return tile<Bits, G, 4, C, Mode>(l, b0, x, r0, o, r0);
+    case 3: return tile<Bits, G, 3, C, Mode>(l, b0, x, r0, o, r0);
+    case 2: return tile<Bits, G, 2, C, Mode>(l, b0, x, r0, o, r0);
+    default: return tile<Bits, G, 1, C, Mode>(l, b0, x, r0, o, r0);
   }
+}
+
+template <int Bits, int G, int C>
+void mode_tile(int64_t rows, const Layout& l, int64_t b0, const QuantX& x, int64_t r0,
+               const Out& o) {
+  if (x.per > 1) return rows_tile<Bits, G, C, kSpan>(rows, l, b0, x, r0, o);
+  if (l.sc_group == 0) return rows_tile<Bits, G, C, kUnit>(rows, l, b0, x, r0, o);
+  return rows_tile<Bits, G, C, kPerGroup>(rows, l, b0, x, r0, o);
 }
 
 template <int Bits, int G>
 void run_item(int64_t rows, const Layout& l, int64_t b0, int64_t nblocks, const QuantX& x,
               int64_t r0, const Out& o) {
-  const bool super = x.per > 1;
-  if (nblocks == 2) {
-    return super ? rows_tile<Bits, G, 2, true>(rows, l, b0, x, r0, o)
-                 : rows_tile<Bits, G, 2, false>(rows, l, b0, x, r0, o);
-  }
-  return super ? rows_tile<Bits, G, 1, true>(rows, l, b0, x, r0, o)
-               : rows_tile<Bits, G, 1, false>(rows, l, b0, x, r0, o);
+  if (nblocks == 2) return mode_tile<Bits, G, 2>(rows, l, b0, x, r0, o);
+  return mode_tile<Bits, G, 1>(rows, l, b0, x, r0, o);
 }
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight,
@@ -382,7 +401,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight,
   // x scaled per span of an even number of groups that divides the weight's superblocks
   // (the K-quants: 8 groups, 256 k's for Q4_K and 128 for Q6_K), else per group
   int64_t per = 1;
-  if (l.supers_every % 2 == 0 && l.groups % l.supers_every == 0)
+  if (l.supers_every % 2 == 0 && l.groups % l.supers_every == 0 && l.sc_group > 0)
     for (int64_t p = 2; p <= std::min(l.supers_every, kSpanGroups); p += 2)
       if (l.supers_every % p == 0) per = p;
   QuantX qx;

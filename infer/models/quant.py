@@ -25,8 +25,8 @@ import torch
 from gguf import GGMLQuantizationType as QT
 from gguf.quants import Q4_K
 
-MAGIC = 0x31544E4951  # "QINT1", the kernel checks it
-_HEADER = 64
+MAGIC = 0x32544E4951  # "QINT2", the kernel checks it
+_HEADER = 128
 LANES = 16  # output columns per packed block
 
 
@@ -135,8 +135,10 @@ def pack(t: QuantTensor) -> torch.Tensor:
         u = torch.cat([nibbles, tops.unsqueeze(2)], dim=2)
     q = u.contiguous().view(-1)
     groups = k // t.group
-    sc = torch.stack([t.scale, t.offset], dim=1)  # [N, 2, groups]
-    sc = sc.view(blocks, LANES, 2, groups).permute(0, 3, 2, 1).contiguous().view(-1)
+    stored = stored_scales(t)
+    kept = [[t.scale, t.offset], [t.scale], []][stored]
+    sc = torch.stack(kept, dim=1) if kept else torch.empty(n, 0, groups, dtype=torch.int8)
+    sc = sc.view(blocks, LANES, len(kept), groups).permute(0, 3, 2, 1).contiguous().view(-1)
     supers = t.d.shape[1]
     sup = torch.stack([t.d, t.m], dim=1)  # [N, 2, supers]
     sup = sup.view(blocks, LANES, 2, supers).permute(0, 3, 2, 1).contiguous()
@@ -144,14 +146,22 @@ def pack(t: QuantTensor) -> torch.Tensor:
     off_sc = _align(_HEADER + q.numel())
     off_sup = _align(off_sc + sc.numel())
     out = torch.zeros(off_sup + sup_bytes.numel(), dtype=torch.uint8)
-    header = torch.tensor(
-        [MAGIC, t.bits, t.group, t.supers_every, n, k, off_sc, off_sup], dtype=torch.int64
-    )
+    fields = [MAGIC, t.bits, t.group, t.supers_every, n, k, off_sc, off_sup, stored]
+    header = torch.tensor(fields + [0] * (_HEADER // 8 - len(fields)), dtype=torch.int64)
     out[:_HEADER] = header.view(torch.uint8)
     out[_HEADER : _HEADER + q.numel()] = q
     out[off_sc : off_sc + sc.numel()] = sc.view(torch.uint8)
     out[off_sup:] = sup_bytes
     return out
+
+
+def stored_scales(t: QuantTensor) -> int:
+    """Which of ``s`` and ``o`` a packed weight holds: 0 both, 1 ``s`` alone (every ``o`` is
+    its ``s``: Q6_K), 2 neither (``s = o = 1``: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0). Half a bit a
+    weight fewer to read for Q6_K, and for the legacy types half a bit and the scale work."""
+    if not torch.equal(t.offset, t.scale):
+        return 0
+    return 2 if bool((t.scale == 1).all()) else 1
 
 
 def _align(n: int) -> int:

@@ -63,7 +63,7 @@ def test_values_are_packed_in_as_few_bits_as_hold_them(qtype: QT, bits: int) -> 
     assert kept is not None and kept.bits == bits
     packed = quant.pack(kept)
     scales = n * k // kept.group * 2 + n * k // (kept.group * kept.supers_every) * 4
-    assert packed.numel() <= 64 + n * k * bits // 8 + scales + 128  # header, alignment
+    assert packed.numel() <= 128 + n * k * bits // 8 + scales + 128  # header, alignment
 
 
 def test_a_layout_too_narrow_for_its_values_is_refused() -> None:
@@ -87,7 +87,7 @@ def _reference(x: torch.Tensor, w: QuantTensor) -> torch.Tensor:
     integer dot products per group, then the group's float scale and offset."""
     n, k = w.shape
     g, per = w.group, 1
-    if w.supers_every % 2 == 0 and (k // g) % w.supers_every == 0:
+    if w.supers_every % 2 == 0 and (k // g) % w.supers_every == 0 and quant.stored_scales(w) < 2:
         spans = range(2, min(w.supers_every, SPAN_GROUPS) + 1, 2)
         per = max(p for p in spans if w.supers_every % p == 0)
     xs = x.float().reshape(x.shape[0], k // (g * per), g * per)
@@ -130,6 +130,21 @@ def test_quant_linear_computes_the_quantized_product(index: int) -> None:
     # and close to the dense product: the int8 activations cost well under 1%
     dense = x.float() @ w.dequantize().T + bias
     assert (out - dense).abs().max() < 0.02 * dense.abs().max()
+
+
+@pytest.mark.parametrize(
+    ("qtype", "stored"), [(QT.Q4_K, 0), (QT.Q5_K, 0), (QT.Q6_K, 1), (QT.Q4_0, 2), (QT.Q8_0, 2)]
+)
+def test_scales_that_repeat_are_not_stored(qtype: QT, stored: int) -> None:
+    """Q6_K's offset is its scale, and the legacy types' scale and offset are 1: the packed
+    weight leaves out what repeats, so a token reads fewer bytes."""
+    n, k = 32, 512
+    kept = quant.from_gguf(qtype, _blocks(qtype, n, k, np.random.default_rng(5)), (n, k))
+    assert kept is not None
+    assert quant.stored_scales(kept) == stored
+    sup = n * k // (kept.group * kept.supers_every) * 4
+    both = 128 + n * k * kept.bits // 8 + n * k // kept.group * 2 + sup
+    assert quant.pack(kept).numel() <= both - n * k // kept.group * stored + 128
 
 
 @needs_vnni
