@@ -13,7 +13,8 @@ exact in float32, so :func:`dequantize` gives back what ``gguf`` dequantizes, bi
 
 :class:`QuantTensor` holds the unpacked arrays while a model is built (q/k/v and gate/up
 concatenate along the output axis when their layouts agree); :func:`pack` writes the one
-uint8 tensor that ``quant_linear.cpp`` reads.
+uint8 tensor that ``quant_linear.cpp`` reads, leaving out s and o where they repeat (Q6_K's
+o is its s; the legacy types' are 1).
 """
 
 from __future__ import annotations
@@ -113,8 +114,9 @@ def rows(t: QuantTensor, index: torch.Tensor) -> QuantTensor:
 
 
 def pack(t: QuantTensor) -> torch.Tensor:
-    """The uint8 tensor ``quant_linear.cpp`` reads: header, then u, (s, o) and (D, M) per
-    16 output columns."""
+    """The uint8 tensor ``quant_linear.cpp`` reads: header, then u, the scales that do not
+    repeat (s and o, s alone, or none: :func:`stored_scales`) and (D, M) per 16 output
+    columns."""
     n, k = t.shape
     if n % LANES or k % 32:
         raise ValueError(f"a quantized linear needs N % 16 == 0 and K % 32 == 0, got {n}x{k}")
