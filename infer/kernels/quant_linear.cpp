@@ -101,10 +101,10 @@ Layout layout_of(const at::Tensor& w) {
 }
 
 // Rows of x quantized like llama.cpp's Q8 activations: int8 q (K per row) with one scale d_a
-// per span of `per` groups; per group, sum(q) as int16 and d_a * sum(q) as float.
+// per span of `per` groups, and sum(q) per group.
 struct QuantX {
   std::vector<int8_t> q;
-  std::vector<float> d, dsum;
+  std::vector<float> d;
   std::vector<int16_t> bsum;
   int64_t k, groups, per, spans;
 };
@@ -118,7 +118,6 @@ void quantize_rows(const T* x, int64_t rows, int64_t k, int64_t group, int64_t p
   out.spans = (out.groups + per - 1) / per;
   out.q.resize(rows * k);
   out.d.resize(rows * out.spans);
-  out.dsum.resize(rows * out.groups);
   out.bsum.resize(rows * out.groups);
   auto load = [](const T* p) {
     if constexpr (std::is_same_v<T, float>) {
@@ -132,7 +131,8 @@ void quantize_rows(const T* x, int64_t rows, int64_t k, int64_t group, int64_t p
     for (int64_t sp = 0; sp < out.spans; ++sp) {
       const int64_t k0 = sp * per * group, k1 = std::min(k, k0 + per * group);
       __m512 amax = _mm512_setzero_ps();
-      for (int64_t i = k0; i < k1; i += kLanes) amax = _mm512_max_ps(amax, _mm512_abs_ps(load(xr + i)));
+      for (int64_t i = k0; i < k1; i += kLanes)
+        amax = _mm512_max_ps(amax, _mm512_abs_ps(load(xr + i)));
       const float m = _mm512_reduce_max_ps(amax);
       const float d = m / 127.0f;
       const __m512 inv = _mm512_set1_ps(m > 0.0f ? 127.0f / m : 0.0f);
@@ -147,7 +147,6 @@ void quantize_rows(const T* x, int64_t rows, int64_t k, int64_t group, int64_t p
           _mm_storeu_si128(reinterpret_cast<__m128i*>(&out.q[r * k + i]),
                            _mm512_cvtsepi32_epi8(qi));
         }
-        out.dsum[r * out.groups + g] = d * static_cast<float>(total);
         out.bsum[r * out.groups + g] = static_cast<int16_t>(total);
       }
     }
@@ -322,8 +321,10 @@ void tile(const Layout& l, int64_t b0, const QuantX& x, int64_t r0, const Out& o
           }
         }
         for (int r = 0; r < R; ++r) {
-          const __m512 da = _mm512_set1_ps(x.d[(r0 + r) * x.spans + g]);
-          const __m512 ds = _mm512_set1_ps(x.dsum[(r0 + r) * x.groups + g]);
+          const float d = x.d[(r0 + r) * x.spans + g];
+          const __m512 da = _mm512_set1_ps(d);
+          const __m512 ds =
+              _mm512_set1_ps(d * static_cast<float>(x.bsum[(r0 + r) * x.groups + g]));
           for (int c = 0; c < C; ++c) {
             acc[r][c] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(dot[r][c]), da),
                                         sv[c], acc[r][c]);
