@@ -33,7 +33,10 @@ class DecoderStack(nn.Module):
     def __init__(self, config: ModelConfig, layers: list[nn.Module], norm_offset: float) -> None:
         super().__init__()
         # nn.Embedding, or QuantEmbedding when a GGUF table is kept quantized
-        self.embed_tokens: nn.Module = nn.Embedding(config.vocab_size, config.hidden_size)
+        # no random init: it is overwritten, and on meta its first call imports torch._refs
+        # (~1 s)
+        table = torch.empty(config.vocab_size, config.hidden_size)
+        self.embed_tokens: nn.Module = nn.Embedding(*table.shape, _weight=table)
         self.layers = nn.ModuleList(layers)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, norm_offset)
 
