@@ -35,8 +35,9 @@ class DecoderStack(nn.Module):
         # nn.Embedding, or QuantEmbedding when a GGUF table is kept quantized
         # no random init: it is overwritten, and on meta its first call imports torch._refs
         # (~1 s)
-        table = torch.empty(config.vocab_size, config.hidden_size)
-        self.embed_tokens: nn.Module = nn.Embedding(*table.shape, _weight=table)
+        vocab, hidden = config.vocab_size, config.hidden_size
+        table = torch.empty(vocab, hidden)
+        self.embed_tokens: nn.Module = nn.Embedding(vocab, hidden, _weight=table)
         self.layers = nn.ModuleList(layers)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, norm_offset)
 
