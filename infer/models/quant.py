@@ -153,22 +153,27 @@ def pack(t: QuantTensor) -> torch.Tensor:
 
 
 def _pack_values(u: torch.Tensor, bits: int) -> torch.Tensor:
-    """``u`` (``[16 * blocks, K]``) in the kernel's order for ``bits`` (see ``pack``)."""
+    """``u`` (``[16 * blocks, K]``) in the kernel's order for ``bits`` (see ``pack``).
+
+    Four k's of a column are one int32, and the nibble work is bytewise on int32 lanes
+    (values under 16 shift within their byte): a quarter of the elements to move.
+    """
     n, k = u.shape
     blocks = n // LANES
-    u = u.view(blocks, LANES, k // 4, 4).permute(0, 2, 1, 3)  # [B, K/4, 16, 4]: steps
+    steps = u.contiguous().view(torch.int32).view(blocks, LANES, k // 4).transpose(1, 2)
+    steps = steps.contiguous()  # [B, K/4, 16]: four k's of 16 columns per step
     if bits == 4:
-        u = u.reshape(blocks, k // 8, 2, LANES * 4)  # steps 2j (low nibble) and 2j+1 (high)
-        u = u[:, :, 0] | (u[:, :, 1] << 4)
+        pairs = steps.view(blocks, k // 8, 2, LANES)  # steps 2j (low nibble) and 2j+1 (high)
+        steps = pairs[:, :, 0] | (pairs[:, :, 1] << 4)
     elif bits == 6:
         # Per four steps: their low nibbles as in the 4-bit layout (two vectors), then one
         # vector of their high two bits (step j's in bits 2j, 2j + 1).
-        u = u.reshape(blocks, k // 16, 4, LANES * 4)
-        lo, hi = u & 15, u >> 4
+        quad = steps.view(blocks, k // 16, 4, LANES)
+        lo, hi = quad & 0x0F0F0F0F, (quad >> 4) & 0x03030303
         nibbles = lo[:, :, 0::2] | (lo[:, :, 1::2] << 4)
         tops = hi[:, :, 0] | (hi[:, :, 1] << 2) | (hi[:, :, 2] << 4) | (hi[:, :, 3] << 6)
-        u = torch.cat([nibbles, tops.unsqueeze(2)], dim=2)
-    return u.reshape(-1)
+        steps = torch.cat([nibbles, tops.unsqueeze(2)], dim=2)
+    return steps.contiguous().view(torch.uint8).reshape(-1)
 
 
 def stored_scales(t: QuantTensor) -> int:
@@ -240,9 +245,30 @@ def _f16(b: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(b).view(np.float16).reshape(-1)
 
 
+# The bit work runs on 8 bytes at a time: a uint64 lane shifts and masks its bytes together
+# (the masks drop what crosses from a neighbouring byte).
+_LOW4, _LOW2, _LOW1 = (np.uint64(m * 0x0101010101010101) for m in (0x0F, 0x03, 0x01))
+
+
+def _lanes(b: np.ndarray, chunks: int) -> np.ndarray:
+    """Each row of bytes ``b`` as ``chunks`` equal runs of uint64 lanes: ``[rows, chunks, 1,
+    lanes]``, ready to stack what each run decodes to along axis 2."""
+    return np.ascontiguousarray(b).view(np.uint64).reshape(len(b), chunks, 1, -1)
+
+
+def _split(q: np.ndarray, shifts: tuple[int, ...], mask: np.uint64) -> np.ndarray:
+    """``(q >> s) & mask`` for each shift, stacked along axis 2."""
+    return np.concatenate([(q >> np.uint64(s)) & mask for s in shifts], axis=2)
+
+
+def _bytes(u: np.ndarray) -> np.ndarray:
+    """uint64 lanes back to a row of bytes."""
+    return u.reshape(len(u), -1).view(np.uint8)
+
+
 def _nibbles(qs: np.ndarray) -> np.ndarray:
     """Legacy blocks' 16 bytes: low nibbles are weights 0-15, high nibbles 16-31."""
-    return np.concatenate([qs & 0x0F, qs >> 4], axis=-1)
+    return _bytes(_split(_lanes(qs, 1), (0, 4), _LOW4))
 
 
 def _high_bits(qh: np.ndarray) -> np.ndarray:
@@ -289,28 +315,28 @@ def _k_scales(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nda
 
 
 def _q4_k(b: np.ndarray) -> Decoded:
+    """Four runs of 32 bytes: low nibbles weights 0-31 of the run's 64, high nibbles 32-63."""
     d, dmin, sc, mn = _k_scales(b)
-    qs = b[:, 16:].reshape(-1, 4, 1, 32) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)
-    u = (qs & 0x0F).reshape(len(b), 256)
-    return u, sc, mn, d, dmin
+    return _bytes(_split(_lanes(b[:, 16:], 4), (0, 4), _LOW4)), sc, mn, d, dmin
 
 
 def _q5_k(b: np.ndarray) -> Decoded:
+    """Q4_K's nibbles, and bit j of the 32 high-bit bytes is the fifth bit of weights
+    32j to 32j + 31."""
     d, dmin, sc, mn = _k_scales(b)
-    qh, qs = b[:, 16:48], b[:, 48:]
-    ql = qs.reshape(-1, 4, 1, 32) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)
-    hi = qh.reshape(-1, 1, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 1, 8, 1)
-    u = ((ql & 0x0F).reshape(-1, 8, 32) | ((hi & 1).reshape(-1, 8, 32) << 4)).reshape(-1, 256)
-    return u, sc, mn, d, dmin
+    low = _split(_lanes(b[:, 48:], 4), (0, 4), _LOW4).reshape(len(b), 8, -1)
+    high = _split(_lanes(b[:, 16:48], 1), tuple(range(8)), _LOW1).reshape(len(b), 8, -1)
+    return _bytes(low | (high << np.uint64(4))), sc, mn, d, dmin
 
 
 def _q6_k(b: np.ndarray) -> Decoded:
-    ql, qh, scales, d = b[:, :128], b[:, 128:192], b[:, 192:208], _f16(b[:, 208:210])
-    lo = ql.reshape(-1, 2, 1, 64) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)
-    hi = qh.reshape(-1, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)
-    u = ((lo & 0x0F).reshape(-1, 8, 32) | ((hi & 0x03).reshape(-1, 8, 32) << 4)).reshape(-1, 256)
+    """Per half of 128 weights: 64 bytes of low nibbles (weights 0-63 low, 64-127 high) and
+    32 bytes whose bit pairs 0-1, 2-3, 4-5, 6-7 are the top bits of weights 0-31 ... 96-127."""
+    scales, d = b[:, 192:208], _f16(b[:, 208:210])
+    low = _split(_lanes(b[:, :128], 2), (0, 4), _LOW4).reshape(len(b), 8, -1)
+    high = _split(_lanes(b[:, 128:192], 2), (0, 2, 4, 6), _LOW2).reshape(len(b), 8, -1)
     sc = np.ascontiguousarray(scales).view(np.int8)
-    return u, sc, sc, d, d * np.float16(32)
+    return _bytes(low | (high << np.uint64(4))), sc, sc, d, d * np.float16(32)
 
 
 _DECODE = {
