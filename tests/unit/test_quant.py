@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -41,6 +43,24 @@ def test_every_kept_gguf_type_holds_the_files_own_numbers(qtype: QT) -> None:
     assert kept is not None
     expected = torch.from_numpy(dequantize(raw, qtype).astype(np.float32)).reshape(32, 512)
     assert torch.equal(kept.dequantize(), expected)  # bit for bit
+
+
+@pytest.mark.parametrize("qtype", quant.GGUF_TYPES, ids=lambda t: t.name)
+def test_a_tensor_decoded_and_packed_in_pieces_is_the_same(
+    qtype: QT, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Large tensors are decoded and packed a few rows at a time, on several threads: pieces
+    that do not divide the rows change nothing."""
+    raw = _blocks(qtype, 112, 512, np.random.default_rng(3))
+    whole = quant.from_gguf(qtype, raw, (112, 512))
+    assert whole is not None
+    packed = quant.pack(whole)
+    monkeypatch.setattr(quant, "_CHUNK", 512 * 48)  # 48 rows, or 3 blocks of 16 columns
+    pieces = quant.from_gguf(qtype, raw, (112, 512))
+    assert pieces is not None
+    for a, b in zip(dataclasses.astuple(whole), dataclasses.astuple(pieces), strict=True):
+        assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
+    assert torch.equal(quant.pack(pieces), packed)
 
 
 @pytest.mark.parametrize(
