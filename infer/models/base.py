@@ -34,7 +34,6 @@ class DecoderStack(nn.Module):
         super().__init__()
         # nn.Embedding, or QuantEmbedding when a GGUF table is kept quantized
         # no random init: it is overwritten, and on meta its first call imports torch._refs
-        # (~1 s)
         vocab, hidden = config.vocab_size, config.hidden_size
         table = torch.empty(vocab, hidden)
         self.embed_tokens: nn.Module = nn.Embedding(vocab, hidden, _weight=table)

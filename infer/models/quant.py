@@ -213,6 +213,9 @@ def from_gguf(qtype: QT, data: np.ndarray, shape: tuple[int, ...]) -> QuantTenso
         every,
     )
     blocks = np.ascontiguousarray(data).view(np.uint8).reshape(n, k // _BLOCK[qtype], -1)
+    # A few MB of rows at a time, on every core (numpy lets go of the GIL): the decoders'
+    # temporaries stay in cache instead of being paged in afresh for every step.
+    step = max(1, _CHUNK // k)
 
     def decode(r0: int) -> None:
         r1 = min(n, r0 + step)
@@ -221,10 +224,6 @@ def from_gguf(qtype: QT, data: np.ndarray, shape: tuple[int, ...]) -> QuantTenso
             view = field[r0:r1].numpy()
             view[...] = value.reshape(view.shape)
 
-    # A few MB of rows at a time, on every core (numpy lets go of the GIL): the decoders'
-    # temporaries stay in cache instead of being paged in afresh (a 150k-row head took 12 ns
-    # a weight whole, 2.5 in chunks on one thread).
-    step = max(1, _CHUNK // k)
     with ThreadPoolExecutor(torch.get_num_threads()) as pool:
         list(pool.map(decode, range(0, n, step)))
     return out
