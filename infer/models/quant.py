@@ -127,10 +127,12 @@ def pack(t: QuantTensor) -> torch.Tensor:
     groups, supers = k // t.group, t.d.shape[1]
     stored = stored_scales(t)
     kept = [[t.scale, t.offset], [t.scale], []][stored]
-    q_block, sc_block, sup_block = k * LANES * t.bits // 8, groups * LANES * len(kept), supers * 4
+    # bytes per 16-column block: u, the kept scales, fp16 D and M per superblock
+    q_block, sc_block = k * LANES * t.bits // 8, groups * LANES * len(kept)
+    sup_block = supers * 2 * 2 * LANES
     off_sc = _align(_HEADER + blocks * q_block)
     off_sup = _align(off_sc + blocks * sc_block)
-    out = torch.zeros(off_sup + blocks * sup_block * LANES, dtype=torch.uint8)
+    out = torch.zeros(off_sup + blocks * sup_block, dtype=torch.uint8)
     fields = [MAGIC, t.bits, t.group, t.supers_every, n, k, off_sc, off_sup, stored]
     header = torch.tensor(fields + [0] * (_HEADER // 8 - len(fields)), dtype=torch.int64)
     out[:_HEADER] = header.view(torch.uint8)
@@ -147,8 +149,7 @@ def pack(t: QuantTensor) -> torch.Tensor:
             out[off_sc + b0 * sc_block : off_sc + b1 * sc_block] = sc.view(torch.uint8)
         sup = torch.stack([t.d[rows], t.m[rows]], dim=1)  # [rows, 2, supers]
         sup = sup.view(b1 - b0, LANES, 2, supers).permute(0, 3, 2, 1).contiguous()
-        at = off_sup + b0 * sup_block * LANES
-        out[at : at + (b1 - b0) * sup_block * LANES] = sup.view(torch.uint8).view(-1)
+        out[off_sup + b0 * sup_block : off_sup + b1 * sup_block] = sup.view(torch.uint8).view(-1)
     return out
 
 
