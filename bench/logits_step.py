@@ -57,7 +57,7 @@ def _median_ms(requests: list[Request]) -> float:
         out = process_logits(logits, requests)
         times.append(time.perf_counter() - start)
         for req, token in zip(requests, out.argmax(dim=-1).tolist(), strict=True):
-            if req.grammar_state is None or not req.grammar_state.matcher.is_terminated():
+            if req.grammar_state is None or req.grammar_state.active:
                 req.output_ids.append(token)
     return statistics.median(times[5:]) * 1000
 

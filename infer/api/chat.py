@@ -51,12 +51,21 @@ class ReplyDelta:
 
 
 class ReplyParser:
-    """One choice's reply: give it each text delta, then :meth:`finish` at its end."""
+    """One choice's reply: give it each text delta, then :meth:`finish` at its end.
 
-    def __init__(self, plan: ToolPlan | None, thinking: Thinking | None) -> None:
+    Args:
+        plan: The request's tools, if it offers any.
+        thinking: How the reply may reason (:func:`~infer.api.reasoning.thinking`).
+        separate: Split the reasoning block off; ``False`` leaves it in the content (where
+            no call opens all the same).
+    """
+
+    def __init__(
+        self, plan: ToolPlan | None, thinking: Thinking | None, separate: bool = True
+    ) -> None:
         self.plan = plan
-        self._reasoning = ReasoningParser(thinking) if thinking else None
-        self._tools = ToolCallParser(plan) if plan else None
+        self._reasoning = ReasoningParser(thinking) if thinking and separate else None
+        self._tools = ToolCallParser(plan, None if separate else thinking) if plan else None
         self.reasoning = ""
         self.content = ""
 

@@ -12,10 +12,40 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from infer.api.tools import partial_suffix
-
 OPEN, CLOSE = "<think>", "</think>"
 Thinking = Literal["open", "auto"]  # the reply starts inside a block, or may open one
+
+
+def partial_suffix(text: str, tag: str) -> int:
+    """Length of the longest end of ``text`` that begins ``tag``."""
+    for n in range(min(len(tag) - 1, len(text)), 0, -1):
+        if tag.startswith(text[-n:]):
+            return n
+    return 0
+
+
+def answer_offset(text: str, mode: Thinking | None) -> int | None:
+    """Where the answer begins in a reply's text (after its reasoning block, as
+    :class:`ReasoningParser` splits it); ``None`` while the text has not reached it."""
+    if mode is None:
+        return 0
+    block = 0
+    if mode == "auto":
+        s = text.lstrip()
+        if not s.startswith(OPEN):
+            return None if OPEN.startswith(s) else 0
+        block = len(text) - len(s) + len(OPEN)
+    at = text.find(CLOSE, block)
+    return None if at < 0 else at + len(CLOSE)
+
+
+def reasoning_seen(text: str, mode: Thinking | None) -> int:
+    """How much of a reply that has not reached its answer is surely reasoning: the block so
+    far but for what may begin its closing tag; nothing while it is unknown whether the
+    reply opens a block at all."""
+    if mode is None or (mode == "auto" and not text.lstrip().startswith(OPEN)):
+        return 0
+    return len(text) - partial_suffix(text, CLOSE)
 
 
 def thinking(chat_template: str | None, prompt_tail: str) -> Thinking | None:

@@ -1,4 +1,5 @@
-"""Tool calls: how a model's template writes them, and reading them back out of its text.
+"""Tool calls: how a model's template writes them, where a reply opens one, and reading them
+back out of its text.
 
 Three formats, chosen by the chat template (:func:`tool_format`):
 
@@ -8,13 +9,22 @@ Three formats, chosen by the chat template (:func:`tool_format`):
 - ``generic``: for templates that know nothing of tools: the ``hermes`` tags, described to the
   model in a system message (:func:`generic_system_prompt`).
 
-Decoding is constrained once the model opens a call (a lazy grammar over these same strings,
-``GrammarCompiler.tool_calls``), so a call's arguments are JSON that fits its schema.
-:class:`ToolCallParser` reads the text as it streams: content, then each call's name and its
-``arguments`` as growing prefixes of one JSON text. A model that plainly meant a call but
-wrote it as a fenced JSON block or a bare object (small models often do) is read as a call
-too, when the object names an offered tool and its arguments fit that tool's schema
-(:func:`near_miss`).
+Under ``tool_choice: auto`` the model decides whether to call. A reply opens a call
+(:class:`Openings`) with
+
+- its template's call syntax, anywhere: ``<tool_call>`` (``hermes``, ``generic``) or
+  ``{"name"`` (``llama``);
+- at the start of the reply, a JSON object (bare, in a list, or in a ```` ```json ```` fence)
+  whose ``"name"`` is an offered tool: what small models write when they mean a call, the way
+  llama.cpp's lazy grammars trigger. A JSON object that names no tool stays text.
+
+Nothing before the opening is constrained, so a reply that opens no call is the text the
+model would have written anyway. From the opening on, :func:`calls_format` keeps the calls
+valid: each names an offered tool, its arguments fit that tool's schema, and the reply ends
+after its calls. ``required`` and a named tool constrain from the first token
+(:func:`answer_format`): the user asked for a call. :class:`ToolCallParser` reads the
+streamed text with the same :class:`Openings`: content up to the opening, then each call's
+name and its ``arguments`` as growing prefixes of one JSON text.
 """
 
 from __future__ import annotations
@@ -27,11 +37,18 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import jsonschema
+import regex
+
+from infer.api.reasoning import Thinking, answer_offset, partial_suffix, reasoning_seen
 
 Format = Literal["hermes", "llama", "generic"]
 Mode = Literal["auto", "required", "forced"]
 
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
+LLAMA_OPEN = '{"name"'
+# Whitespace between a call's parts, bounded so that a constrained call cannot run on in it.
+_MAX_WS = 16
+_WS = f"[ \\t\\n]{{0,{_MAX_WS}}}"
 
 
 @dataclass(frozen=True)
@@ -62,8 +79,9 @@ class Tool:
 class ToolPlan:
     """How one request calls tools: the offered tools, the choice and the template's format.
 
-    ``mode`` is ``auto`` (text or calls), ``required`` (at least one call, from the first
-    token) or ``forced`` (a call of ``tools[0]``, the named tool).
+    ``mode`` is ``auto`` (the model decides: text, calls, or text then calls), ``required``
+    (at least one call, from the first token) or ``forced`` (a call of ``tools[0]``, the
+    named tool).
     """
 
     tools: tuple[Tool, ...]
@@ -106,8 +124,60 @@ def call_text(fmt: Format, name: str, arguments: str) -> str:
     return f'{HERMES_OPEN}\n{{"name": "{name}", "arguments": {arguments}}}\n{HERMES_CLOSE}'
 
 
+def tool_response_text(content: str) -> str:
+    """A tool's result as the ``hermes`` format gives it back (in a user turn)."""
+    return f"<tool_response>\n{content}\n</tool_response>"
+
+
 def new_call_id() -> str:
     return "call_" + secrets.token_hex(12)
+
+
+# --- where a reply opens a call -------------------------------------------------------------
+
+
+class Openings:
+    """Where a reply opens a call: the one rule the grammar and the parser share.
+
+    :meth:`scan` is given the reply's text so far (reasoning block included, when the reply
+    may think) and says where its calls begin, or how much of it can no longer be part of
+    one. Under ``required`` and a named tool the calls begin with the answer.
+    """
+
+    def __init__(self, plan: ToolPlan, thinking: Thinking | None = None) -> None:
+        self.plan = plan
+        self.thinking = thinking
+        self.tags = (LLAMA_OPEN,) if plan.format == "llama" else (HERMES_OPEN,)
+        names = "|".join(regex.escape(json.dumps(t.name)[1:-1]) for t in plan.tools)
+        self._start = regex.compile(
+            f'(?:```(?:json)?[ \\t]*\\n{_WS})?(?:\\[{_WS})?\\{{{_WS}"name"{_WS}:{_WS}"(?:{names})"'
+        )
+
+    def scan(self, text: str, since: int = 0) -> tuple[int, bool]:
+        """``(offset, True)``: the calls begin at ``offset``. ``(offset, False)``: no call
+        begins before ``offset`` (text from there may still open one).
+
+        ``since`` is an offset an earlier scan of the same growing text returned without an
+        opening: the text before it is not searched again.
+        """
+        start = answer_offset(text, self.thinking)
+        if start is None:  # the reply has not reached its answer yet
+            return max(since, reasoning_seen(text, self.thinking)), False
+        if self.plan.mode != "auto":
+            return start, True
+        first = len(text) - len(text[start:].lstrip())
+        if first == len(text):
+            return max(since, start), False
+        if since <= first:  # at the start of the answer: a JSON call naming a tool
+            found = self._start.match(text, first, partial=True)
+            if found is not None:
+                return (first, True) if not found.partial else (start, False)
+        since = max(since, start)
+        at = [i for i in (text.find(tag, since) for tag in self.tags) if i >= 0]
+        if at:
+            return min(at), True
+        held = max(partial_suffix(text, tag) for tag in self.tags)
+        return max(since, len(text) - held), False
 
 
 # --- reading calls out of streamed text -----------------------------------------------------
@@ -133,150 +203,103 @@ class Delta:
     opened: list[int] = field(default_factory=list)  # indices of the calls this piece began
 
 
-_NAME = r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*'
-_HEAD = {  # a call's opening up to its arguments (which must have begun)
-    "hermes": re.compile(_NAME + r'"arguments"\s*:\s*(?=\S)'),
-    "llama": re.compile(_NAME + r'"parameters"\s*:\s*(?=\S)'),
-}
-_TAIL = {"hermes": re.compile(r"\s*\}\s*</tool_call>"), "llama": re.compile(r"\s*\}")}
+# One call's opening up to its arguments (which must have begun); between calls the region
+# holds only wrappers (tags, fences, brackets, commas, whitespace), which are skipped.
+_HEAD = re.compile(
+    r'\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*(?=\S)'
+)
+_TAIL = re.compile(r"\s*\}")
 
 
 class ToolCallParser:
     """Splits a choice's streamed text into content and tool calls.
 
-    :meth:`feed` takes each new piece of text and returns what can be shown for sure. Text
-    that may still turn out to be part of a call is held until :meth:`finish`: a partial
-    ``<tool_call>``, whitespace, or (under ``auto``) a reply that so far looks like a bare or
-    fenced JSON call.
+    :meth:`feed` takes each new piece of text and returns what can be shown for sure: text
+    that may still turn out to open a call (a partial ``<tool_call>``, the start of a reply
+    that may be a JSON call, whitespace) is held until it is known. Everything from the
+    opening on belongs to the calls and never shows as content; a call cut off part-way is
+    left out (:meth:`complete_calls`).
+
+    Args:
+        plan: The request's tools.
+        thinking: Set when the text still holds the reply's reasoning block (it is content
+            here, and no call opens inside it).
     """
 
-    def __init__(self, plan: ToolPlan) -> None:
+    def __init__(self, plan: ToolPlan, thinking: Thinking | None = None) -> None:
         self.plan = plan
-        self.fmt: Literal["hermes", "llama"] = "llama" if plan.format == "llama" else "hermes"
+        self.openings = Openings(plan, thinking)
         self.calls: list[Call] = []
-        self._buf = ""  # text not yet given out
-        self._call: Call | None = None  # the call being read
+        self._text = ""  # the text fed so far
+        self._given = 0  # text[:_given] has been given out as content
+        self._safe = 0  # no call opens before it
+        self._region: str | None = None  # the calls' text not read yet, once they began
+        self._call: Call | None = None  # the call whose arguments are being read
         self._scan = _JSONScanner()
-        self._after_args = False  # its arguments ended: reading the call's closing text
-        self._content_seen = False  # some content (not only whitespace) has been given out
+        self._after_args = False  # its arguments ended: reading the object's closing brace
 
     def feed(self, text: str) -> Delta:
-        self._buf += text
         delta = Delta()
-        while self._step(delta):
-            pass
+        if self._region is not None:
+            self._region += text
+            self._read_calls(delta)
+            return delta
+        self._text += text
+        offset, opened = self.openings.scan(self._text, self._safe)
+        if not opened:
+            self._safe = offset
+            self._give(delta, self._text[self._given : offset].rstrip())
+            return delta
+        self._give(delta, self._text[self._given : offset].rstrip())
+        self._region = self._text[offset:]
+        self._read_calls(delta)
         return delta
 
     def finish(self) -> Delta:
-        """The end of the text: give out what was held. A call cut off part-way stays
-        incomplete (:meth:`complete_calls` leaves it out)."""
+        """The end of the text: give out what was held, unless it belongs to the calls."""
         delta = Delta()
-        if self._call is None and self._buf:
-            found = None
-            if not self._content_seen and not self.calls and self.plan.mode == "auto":
-                found = near_miss(self._buf, self.plan)
-            for name, args in found or []:
-                call = self._open(name)
-                call.arguments, call.complete = args, True
-                delta.calls.append((call, args))
-                delta.opened.append(call.index)
-            if found is None and (self._buf.strip() or not self.calls):
-                delta.content += self._buf
-            self._buf = ""
+        if self._region is None:
+            self._give(delta, self._text[self._given :])
         return delta
 
     def complete_calls(self) -> list[Call]:
         return [c for c in self.calls if c.complete]
 
-    def _open(self, name: str) -> Call:
-        call = Call(len(self.calls), new_call_id(), name)
-        self.calls.append(call)
-        return call
-
-    def _step(self, delta: Delta) -> bool:
-        """Consume what the buffer allows; ``True`` if there may be more to consume."""
-        if self._call is None:
-            return self._text(delta)
-        if not self._after_args:
-            return self._arguments(delta)
-        tail = _TAIL[self.fmt].match(self._buf)
-        if tail is None:
-            return False
-        self._buf = self._buf[tail.end() :]
-        self._call.complete = True
-        self._call, self._after_args = None, False
-        return True
-
-    def _text(self, delta: Delta) -> bool:
-        if self.fmt == "hermes":
-            at = self._buf.find(HERMES_OPEN)
-            if at < 0:
-                keep = partial_suffix(self._buf, HERMES_OPEN)
-                self._give(delta, len(self._buf) - keep, hold=True)
-                return False
-            self._give(delta, at, hold=False)
-            self._buf = self._buf[self._buf.find(HERMES_OPEN) :]  # whitespace before it: dropped
-            rest = self._buf[len(HERMES_OPEN) :]
-        else:
-            stripped = self._buf.lstrip()
-            if self._content_seen or (stripped and not stripped.startswith("{")):
-                self._give(delta, len(self._buf), hold=False)
-                return False
-            rest = self._buf
-        head = _HEAD[self.fmt].match(rest)
-        if head is None:
-            if len(rest) > 512:  # no call head after all this text: not a call
-                self._give(delta, len(self._buf), hold=False)
-            return False
-        self._call = self._open(json.loads(f'"{head.group(1)}"'))
-        self._scan = _JSONScanner()
-        delta.calls.append((self._call, ""))
-        delta.opened.append(self._call.index)
-        self._buf = rest[head.end() :]
-        return True
-
-    def _give(self, delta: Delta, n: int, hold: bool) -> None:
-        """Give out the buffer's first ``n`` characters as content, but for trailing
-        whitespace (dropped if a call follows), or all of them (``hold``) while they may be
-        the start of a reply that is a near-miss call."""
-        text = self._buf[:n].rstrip()
-        if not text:
-            return
-        if hold and not self._content_seen and not self.calls and self.plan.mode == "auto":
-            if _may_be_json_call(text):
-                return
+    def _give(self, delta: Delta, text: str) -> None:
         delta.content += text
-        self._content_seen = True
-        self._buf = self._buf[len(text) :]
+        self._given += len(text)
 
-    def _arguments(self, delta: Delta) -> bool:
-        assert self._call is not None
-        end = self._scan.feed(self._buf)
-        piece = self._buf if end is None else self._buf[:end]
-        if piece:
-            self._call.arguments += piece
-            delta.calls.append((self._call, piece))
-        self._buf = "" if end is None else self._buf[end:]
-        if end is None:
-            return False
-        self._after_args = True
-        return True
-
-
-def partial_suffix(text: str, tag: str) -> int:
-    """Length of the longest end of ``text`` that begins ``tag``."""
-    for n in range(min(len(tag) - 1, len(text)), 0, -1):
-        if tag.startswith(text[-n:]):
-            return n
-    return 0
-
-
-def _may_be_json_call(text: str) -> bool:
-    """Whether a reply that starts so may turn out to be a JSON call (bare or fenced)."""
-    s = text.lstrip()
-    if not s:
-        return True
-    return s.startswith(("{", "[")) or "```".startswith(s[:3]) or s.startswith("```")
+    def _read_calls(self, delta: Delta) -> None:
+        assert self._region is not None
+        while True:
+            if self._call is None:
+                head = _HEAD.search(self._region)
+                if head is None:
+                    return
+                self._call = Call(len(self.calls), new_call_id(), json.loads(f'"{head[1]}"'))
+                self.calls.append(self._call)
+                self._scan = _JSONScanner()
+                delta.calls.append((self._call, ""))
+                delta.opened.append(self._call.index)
+                self._region = self._region[head.end() :]
+            elif not self._after_args:
+                end = self._scan.feed(self._region)
+                piece = self._region if end is None else self._region[:end]
+                if piece:
+                    self._call.arguments += piece
+                    delta.calls.append((self._call, piece))
+                if end is None:
+                    self._region = ""
+                    return
+                self._region = self._region[end:]
+                self._after_args = True
+            else:
+                tail = _TAIL.match(self._region)
+                if tail is None:
+                    return
+                self._region = self._region[tail.end() :]
+                self._call.complete = True
+                self._call, self._after_args = None, False
 
 
 class _JSONScanner:
@@ -327,50 +350,12 @@ class _JSONScanner:
         return None
 
 
-# --- near misses ----------------------------------------------------------------------------
-
-_FENCE = re.compile(r"^```[a-zA-Z0-9_-]*\s*\n?(.*?)\n?```$", re.DOTALL)
-
-
-def near_miss(text: str, plan: ToolPlan) -> list[tuple[str, str]] | None:
-    """The calls in a reply that is only a JSON call (or a list of them), bare, fenced or in
-    ``<tool_call>`` tags, naming offered tools with arguments that fit their schemas:
-    ``[(name, arguments JSON)]``; ``None`` if it is anything else."""
-    s = text.strip()
-    fenced = _FENCE.match(s)
-    if fenced:
-        s = fenced.group(1).strip()
-    try:
-        value = json.loads(s)
-    except ValueError:
-        return None
-    items = value if isinstance(value, list) else [value]
-    calls = []
-    for item in items:
-        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
-            return None
-        tool = plan.find(item["name"])
-        keys = set(item) - {"name"}
-        if tool is None or keys not in ({"arguments"}, {"parameters"}):
-            return None
-        arguments = item[keys.pop()]
-        if isinstance(arguments, str):
-            try:
-                arguments = json.loads(arguments)
-            except ValueError:
-                return None
-        if not isinstance(arguments, dict) or not tool.accepts(arguments):
-            return None
-        calls.append((tool.name, json.dumps(arguments, ensure_ascii=False)))
-    return calls or None
-
-
 # --- the grammar that keeps calls valid -----------------------------------------------------
 
 
 def _call_tag(fmt: Format, tool: Tool) -> dict[str, Any]:
-    """One tool's call as xgrammar's structural ``tag``: fixed text around its arguments,
-    which must validate against the tool's parameters."""
+    """One tool's call as xgrammar's structural ``tag``, as the template writes it: fixed
+    text around its arguments, which must validate against the tool's parameters."""
     if fmt == "llama":
         begin, end = f'{{"name": "{tool.name}", "parameters": ', "}"
     else:
@@ -379,37 +364,63 @@ def _call_tag(fmt: Format, tool: Tool) -> dict[str, Any]:
     return {"type": "tag", "begin": begin, "content": content, "end": end}
 
 
-# How a text answer may open when tools are offered (see answer_format).
-_TEXT_START = "[A-Za-z0-9\u00c0-\uffff]"
-
-
 def answer_format(plan: ToolPlan) -> dict[str, Any]:
-    """The structural format (xgrammar's JSON form) of an answer under ``plan``.
-
-    ``required``: calls from the first token, nothing else. ``forced``: one call of the named
-    tool. ``auto``: either calls from the first token, or prose: text that opens with a
-    letter or a digit, not like a call written some other way (``{``, ``[``, ``(``, ``>``,
-    a code fence...), and in which the model may still open a call later: a lazy grammar,
-    since free text costs nothing to check. Small models often answer an offered tool with a bare or
-    fenced JSON object instead of their template's tags; under this grammar such a reply
-    becomes the tagged call, with arguments that fit the tool's schema, or plain text.
-    ``parallel_tool_calls: false`` stops after the first call.
-    """
+    """The structural format (xgrammar's JSON form) of an answer that must call:
+    ``required`` (calls from the first token, nothing else) or ``forced`` (one call of the
+    named tool), written as the template writes calls. ``parallel_tool_calls: false`` stops
+    after the first call."""
+    assert plan.mode != "auto", "under auto the model decides: see calls_format"
     fmt: Format = "llama" if plan.format == "llama" else "hermes"
     tags = [_call_tag(fmt, t) for t in plan.tools]
-    one = not plan.parallel
     if plan.mode == "forced":
         return tags[0]
-    calls = {
+    return {
         "type": "tags_with_separator",
         "tags": tags,
         "separator": "\n",
         "at_least_one": True,
-        "stop_after_first": one,
+        "stop_after_first": not plan.parallel,
     }
-    if plan.mode == "required":
-        return calls
-    trigger = '{"name": ' if fmt == "llama" else HERMES_OPEN
-    later = {"type": "triggered_tags", "triggers": [trigger], "tags": tags, "stop_after_first": one}
-    text = {"type": "sequence", "elements": [{"type": "regex", "pattern": _TEXT_START}, later]}
-    return {"type": "or", "elements": [calls, text]}
+
+
+def _seq(*elements: Any) -> dict[str, Any]:
+    parts = [{"type": "regex", "pattern": e} if isinstance(e, str) else e for e in elements]
+    return {"type": "sequence", "elements": parts}
+
+
+def _call_object(tool: Tool) -> dict[str, Any]:
+    """``{"name": "<tool>", "arguments": <its arguments>}`` (or ``"parameters"``), spaced
+    as the model likes."""
+    name = {"type": "const_string", "value": json.dumps(tool.name)}
+    arguments = {
+        "type": "json_schema",
+        "json_schema": dict(tool.parameters),
+        "max_whitespace_cnt": _MAX_WS,
+    }
+    return _seq(
+        f'\\{{{_WS}"name"{_WS}:{_WS}',
+        name,
+        f'{_WS},{_WS}"(arguments|parameters)"{_WS}:{_WS}',
+        arguments,
+        f"{_WS}\\}}",
+    )
+
+
+def calls_format(plan: ToolPlan) -> dict[str, Any]:
+    """The structural format (xgrammar's JSON form) of a reply's calls from where it opened
+    them (:class:`Openings`) to its end: one call (or, with ``parallel_tool_calls``, several)
+    in any of the ways a call opens: the template's tags, a bare JSON object, a list of them,
+    or either in a ```` ```json ```` fence. Each names an offered tool and its arguments fit
+    that tool's schema."""
+    objects = [_call_object(t) for t in plan.tools]
+    one = objects[0] if len(objects) == 1 else {"type": "or", "elements": objects}
+    more: dict[str, Any] = {"type": "star", "content": _seq(f"{_WS},{_WS}", one)}
+    listed = _seq(f"\\[{_WS}", one, *([more] if plan.parallel else []), f"{_WS}\\]")
+    json_call = {"type": "or", "elements": [one, listed]}
+    fenced = _seq(f"```(json)?[ \\t]*\\n{_WS}", json_call, f"{_WS}```")
+    forms = [json_call, fenced]
+    if plan.format != "llama":  # the template's tags (a llama call is the bare object)
+        forms.append(_seq(f"{HERMES_OPEN}{_WS}", one, f"{_WS}{HERMES_CLOSE}"))
+    call = {"type": "or", "elements": forms}
+    calls = _seq(call, {"type": "star", "content": _seq(_WS, call)}) if plan.parallel else call
+    return _seq(calls, _WS)

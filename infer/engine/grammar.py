@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -24,6 +24,12 @@ from transformers import PreTrainedTokenizerBase
 
 class GrammarError(ValueError):
     """A schema that cannot be compiled into a grammar."""
+
+
+# Where a reply opens what a lazy grammar constrains: given the reply's text so far and an
+# offset an earlier call returned without an opening, ``(offset, True)`` if it opened there,
+# else ``(offset, False)``: nothing opens before ``offset``.
+Opening = Callable[[str, int], tuple[int, bool]]
 
 
 class Grammar:
@@ -37,15 +43,52 @@ class Grammar:
         return GrammarState(xgr.GrammarMatcher(self.compiled))
 
     def __repr__(self) -> str:
-        return f"Grammar({self.description})"
+        return f"{type(self).__name__}({self.description})"
+
+
+class LazyGrammar(Grammar):
+    """A grammar that constrains nothing until the reply's text opens what it describes.
+
+    Until ``opening`` finds the opening in the reply's text, no token is masked, so the
+    reply is what the model would write unconstrained. From the opening on, the grammar
+    constrains the rest of the reply; the text from the opening to the last token is
+    matched first (the token that completed the opening may reach past it).
+
+    Args:
+        compiled: The grammar of the reply from its opening to its end.
+        opening: Finds the opening (:data:`Opening`).
+        vocab: Each token's bytes, as the matcher reads them.
+        stops: Stop tokens (they add no text).
+    """
+
+    def __init__(
+        self,
+        compiled: xgr.CompiledGrammar,
+        opening: Opening,
+        vocab: Sequence[bytes],
+        stops: frozenset[int],
+        description: str,
+    ) -> None:
+        super().__init__(compiled, description)
+        self.opening = opening
+        self.vocab = vocab
+        self.stops = stops
+
+    def new_state(self) -> GrammarState:
+        return LazyGrammarState(self)
 
 
 class GrammarState:
     """One request's matcher and how many of its output tokens it has consumed."""
 
-    def __init__(self, matcher: xgr.GrammarMatcher) -> None:
+    def __init__(self, matcher: xgr.GrammarMatcher | None) -> None:
         self.matcher = matcher
         self.consumed = 0
+
+    @property
+    def active(self) -> bool:
+        """Whether the grammar constrains the next token."""
+        return self.matcher is not None and not self.matcher.is_terminated()
 
     def advance(self, output_ids: Sequence[int]) -> None:
         """Feed the matcher the output tokens it has not seen yet.
@@ -53,19 +96,55 @@ class GrammarState:
         A token the matcher refuses can only come from outside the mask (``ignore_eos``
         past the end); it is skipped, and the mask stays that of the accepted prefix.
         """
+        assert self.matcher is not None
         for token in output_ids[self.consumed :]:
             if not self.matcher.is_terminated():
                 self.matcher.accept_token(token)
         self.consumed = len(output_ids)
 
     def fill(self, bitmask: torch.Tensor, row: int) -> None:
-        """Write the allowed next tokens into ``bitmask[row]``.
+        """Write the allowed next tokens into ``bitmask[row]`` (only while :attr:`active`:
+        once the matcher has accepted a stop token nothing more is constrained)."""
+        assert self.matcher is not None
+        self.matcher.fill_next_token_bitmask(bitmask, row)
 
-        Once the matcher has accepted a stop token nothing more is constrained (the engine
-        has normally finished the request by then); the row is left as allocated.
-        """
-        if not self.matcher.is_terminated():
-            self.matcher.fill_next_token_bitmask(bitmask, row)
+
+class LazyGrammarState(GrammarState):
+    """A :class:`LazyGrammar`'s state: the reply's bytes until it opens, then its matcher.
+
+    An opening whose text the grammar refuses (the tokens around it went where the grammar
+    cannot follow) leaves the reply unconstrained: nothing can be taken back.
+    """
+
+    def __init__(self, grammar: LazyGrammar) -> None:
+        super().__init__(None)
+        self.grammar = grammar
+        self.refused = False
+        self._bytes = bytearray()
+        self._since = 0  # no opening before this offset of the text
+
+    def advance(self, output_ids: Sequence[int]) -> None:
+        if self.matcher is not None:
+            super().advance(output_ids)
+            return
+        if self.refused or len(output_ids) == self.consumed:
+            return
+        for token in output_ids[self.consumed :]:
+            if token not in self.grammar.stops:
+                self._bytes += self.grammar.vocab[token]
+        self.consumed = len(output_ids)
+        text = self._bytes.decode("utf-8", "surrogateescape")  # partial characters kept
+        offset, opened = self.grammar.opening(text, self._since)
+        if not opened:
+            self._since = offset
+            return
+        start = len(text[:offset].encode("utf-8", "surrogateescape"))
+        matcher = xgr.GrammarMatcher(self.grammar.compiled)
+        if matcher.accept_string(bytes(self._bytes[start:])):
+            self.matcher = matcher
+        else:
+            self.refused = True
+        self._bytes = bytearray()
 
 
 class GrammarCompiler:
@@ -85,6 +164,8 @@ class GrammarCompiler:
         )
         self._compiler = xgr.GrammarCompiler(info, max_threads=1)
         self._lock = threading.Lock()
+        self._vocab: list[bytes] = list(info.decoded_vocab)
+        self._stops = frozenset(info.stop_token_ids)
 
     def json_object(self) -> Grammar:
         """Any JSON object (OpenAI's ``json_object`` mode)."""
@@ -114,13 +195,25 @@ class GrammarCompiler:
         Raises:
             GrammarError: A schema in it is invalid or unsupported.
         """
+        return Grammar(self._compile_tag(tag), description)
+
+    def lazy(self, tag: dict[str, Any], opening: Opening, description: str) -> LazyGrammar:
+        """A :class:`LazyGrammar`: nothing constrained until ``opening`` finds where the
+        reply opens what the structural tag ``tag`` describes (from there to its end).
+
+        Raises:
+            GrammarError: A schema in it is invalid or unsupported.
+        """
+        compiled = self._compile_tag(tag)
+        return LazyGrammar(compiled, opening, self._vocab, self._stops, description)
+
+    def _compile_tag(self, tag: dict[str, Any]) -> xgr.CompiledGrammar:
         try:
             with self._lock:
-                compiled = self._compiler.compile_structural_tag(json.dumps(tag))
+                return self._compiler.compile_structural_tag(json.dumps(tag))
         except Exception as e:  # noqa: BLE001 - xgrammar raises several types
             message = str(e).splitlines()[0][:300] if str(e) else type(e).__name__
             raise GrammarError(f"cannot compile the grammar: {message}") from None
-        return Grammar(compiled, description)
 
 
 def allocate_bitmask(rows: int, vocab_size: int) -> torch.Tensor:

@@ -23,13 +23,8 @@ from infer.engine.sampling import SamplingParams
 
 
 def needs_processing(params: SamplingParams) -> bool:
-    """Whether a request uses any part of this step."""
-    return bool(
-        params.presence_penalty
-        or params.frequency_penalty
-        or params.logit_bias
-        or params.grammar is not None
-    )
+    """Whether a request uses a part of this step other than a grammar."""
+    return bool(params.presence_penalty or params.frequency_penalty or params.logit_bias)
 
 
 def process_logits(logits: Tensor, requests: Sequence[Request]) -> Tensor:
@@ -43,12 +38,13 @@ def process_logits(logits: Tensor, requests: Sequence[Request]) -> Tensor:
         ``logits`` itself when no request needs processing; otherwise a new float32
         ``[N, V]`` tensor (the input stays as it was, for the reported logprobs).
     """
-    if not any(needs_processing(r.params) for r in requests):
+    constrained = advance_grammars(requests)
+    if not constrained and not any(needs_processing(r.params) for r in requests):
         return logits
     out = logits.float().clone() if logits.dtype == torch.float32 else logits.float()
     apply_logit_bias(out, [r.params.logit_bias for r in requests])
     apply_penalties(out, requests)
-    apply_grammars(out, requests)
+    apply_grammars(out, requests, constrained)
     return out
 
 
@@ -102,24 +98,36 @@ def output_counts(outputs: Sequence[Sequence[int]], vocab: int, device: torch.de
     return counts[:, :vocab].to(device)
 
 
-def apply_grammars(logits: Tensor, requests: Sequence[Request]) -> None:
-    """Mask the tokens each constrained row's grammar forbids next, in place.
+def advance_grammars(requests: Sequence[Request]) -> list[int]:
+    """Bring each grammar's state up to its request's output; the rows a grammar constrains
+    this step (a lazy grammar's only once the reply has opened what it describes).
 
-    Each constrained request's matcher (created on its first step) first consumes the
-    tokens it generated since the last step. Unconstrained rows are not touched.
+    Each request's state is created on its first step and consumes the tokens generated
+    since the last one.
     """
-    rows = [i for i, r in enumerate(requests) if r.params.grammar is not None]
+    rows = []
+    for row, req in enumerate(requests):
+        grammar = req.params.grammar
+        if grammar is None:
+            continue
+        if req.grammar_state is None:
+            req.grammar_state = grammar.new_state()
+        req.grammar_state.advance(req.output_ids)
+        if req.grammar_state.active:
+            rows.append(row)
+    return rows
+
+
+def apply_grammars(logits: Tensor, requests: Sequence[Request], rows: list[int]) -> None:
+    """Mask the tokens each constrained row's grammar forbids next, in place (the rows
+    :func:`advance_grammars` returned; the others are not touched)."""
     if not rows:
         return
     bitmask = allocate_bitmask(logits.shape[0], logits.shape[1])
     for row in rows:
-        req = requests[row]
-        grammar = req.params.grammar
-        assert grammar is not None  # selected above
-        if req.grammar_state is None:
-            req.grammar_state = grammar.new_state()
-        req.grammar_state.advance(req.output_ids)
-        req.grammar_state.fill(bitmask, row)
+        state = requests[row].grammar_state
+        assert state is not None  # made by advance_grammars
+        state.fill(bitmask, row)
     apply_bitmask(logits, bitmask, rows)
 
 

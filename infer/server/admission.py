@@ -104,8 +104,7 @@ def turns(messages: Sequence[ChatMessage], plan: ToolPlan | None = None) -> list
                 for id_, name, args in calls
             ]
         if m.role == "tool" and generic:
-            response = f"<tool_response>\n{turn['content']}\n</tool_response>"
-            turn = {"role": "user", "content": response}
+            turn = {"role": "user", "content": tools.tool_response_text(turn["content"])}
         elif m.role == "tool":
             turn["tool_call_id"] = m.tool_call_id
             if m.name:
@@ -187,10 +186,11 @@ async def compile_format(
 ) -> Grammar | None:
     """The grammar a request asks for; ``None`` for free text.
 
-    Tool calls (``plan``) get a lazy grammar: free text until the model opens a call, then
-    the call must fit its tool's schema (``required`` and named choices: calls from the
-    first token). ``response_format`` gets its JSON schema. Either comes after a free
-    reasoning block when the reply may think.
+    Tool calls under ``auto`` get a lazy grammar: nothing is constrained until the model
+    opens a call (:class:`~infer.api.tools.Openings`), then its calls must fit their tools'
+    schemas. ``required`` and a named tool constrain from the first token, and
+    ``response_format`` gets its JSON schema; either comes after a free reasoning block when
+    the reply may think.
 
     The compiler (building it reads the whole vocabulary) is made by the first structured
     request; compiling runs in a thread.
@@ -207,6 +207,10 @@ async def compile_format(
         state.compiler = await trio.to_thread.run_sync(_new_compiler, engine)
     compiler = state.compiler
     try:
+        if plan is not None and plan.mode == "auto":  # free until the model opens a call
+            calls = {"type": "structural_tag", "format": tools.calls_format(plan)}
+            openings = tools.Openings(plan, thinking)
+            return await trio.to_thread.run_sync(compiler.lazy, calls, openings.scan, "tool calls")
         if plan is not None:
             tag = with_reasoning(tools.answer_format(plan), thinking)
             return await trio.to_thread.run_sync(compiler.structural_tag, tag, "tool calls")

@@ -194,10 +194,11 @@ async def chat_completions() -> Response:
         usage_field=_include_usage(body),
         prompt_logprobs=body.prompt_logprobs,
     )
-    thinking = admitted.thinking if body.separate_reasoning else None
+    thinking = admitted.thinking
+    separate = body.separate_reasoning
     replies = None
-    if plan is not None or thinking is not None:
-        replies = [ReplyParser(plan, thinking) for _ in stream.choices]
+    if plan is not None or (thinking is not None and separate):
+        replies = [ReplyParser(plan, thinking, separate) for _ in stream.choices]
     prompts = admitted.prompt_ids * body.n
     return await _respond(state, stream, head, body.stream, prompts, replies=replies)
 

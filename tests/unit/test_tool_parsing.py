@@ -10,8 +10,8 @@ from transformers import PreTrainedTokenizerBase
 
 from infer.api.chat import ReplyParser
 from infer.api.reasoning import thinking, with_reasoning
-from infer.api.tools import Tool, ToolPlan, answer_format, near_miss, tool_format
-from infer.engine.grammar import GrammarCompiler
+from infer.api.tools import Openings, Tool, ToolPlan, answer_format, calls_format, tool_format
+from infer.engine.grammar import GrammarCompiler, allocate_bitmask
 
 WEATHER = Tool(
     "get_weather",
@@ -68,11 +68,13 @@ def test_streamed_calls_read_the_same_however_the_text_is_cut(seed: int) -> None
     assert len({c["id"] for c in calls.values()}) == 2
 
 
-def test_a_call_cut_off_part_way_is_not_a_call() -> None:
-    parser = ReplyParser(_plan(), None)
-    parser.feed(CALL[:50])
-    parser.finish()
-    assert parser.calls == []  # never reported complete
+def test_a_call_cut_off_part_way_is_not_a_call_and_none_of_it_is_content() -> None:
+    for cut in (len('<tool_call>\n{"na'), 50):
+        parser = ReplyParser(_plan(), None)
+        text = f"{CALL}\n{CALL[:cut]}"
+        content, _, calls = _joined(_stream(parser, text, random.Random(cut)))
+        assert content == ""  # the cut call's opening never leaks into the content
+        assert [c.arguments for c in parser.calls] == ['{"city": "Paris"}']
 
 
 def test_text_without_calls_is_all_content() -> None:
@@ -85,34 +87,62 @@ def test_text_without_calls_is_all_content() -> None:
 @pytest.mark.parametrize(
     "text",
     [
-        '```json\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n```',
-        '{"name": "get_weather", "arguments": {"city": "Paris"}}',
-        '  {"name": "get_weather", "parameters": {"city": "Paris"}}  ',
-        '[{"name": "get_weather", "arguments": "{\\"city\\": \\"Paris\\"}"}]',
+        "```python\ndef reverse(s):\n    return s[::-1]\n```",
+        "- apples\n- pears\n",
+        "# Title\n\nSome text.",
+        '"quoted" words',
+        '```json\n{"a": 1}\n```',
+        "[1, 2, 3]",
     ],
 )
-def test_a_near_miss_call_is_read_as_the_call_it_meant(text: str) -> None:
-    assert near_miss(text, _plan()) == [("get_weather", '{"city": "Paris"}')]
+def test_replies_that_open_no_call_stream_as_they_come(text: str) -> None:
     parser = ReplyParser(_plan(), None)
-    content, _, calls = _joined(_stream(parser, text, random.Random(1)))
-    assert content == "" and [c["name"] for c in calls.values()] == ["get_weather"]
+    shown = "".join(parser.feed(ch).content for ch in text)
+    # held back at most: a possible fence or JSON opening, or trailing whitespace
+    assert len(shown) >= len(text.rstrip()) - len("```json\n{")
+    assert shown + parser.finish().content == text
 
 
 @pytest.mark.parametrize(
     "text",
     [
-        '{"name": "get_weather", "arguments": {"town": "Paris"}}',  # does not fit the schema
+        '```json\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n```',
+        '```\n{\n  "name": "get_weather",\n  "arguments": {\n    "city": "Paris"\n  }\n}\n```',
+        '{"name": "get_weather", "arguments": {"city": "Paris"}}',
+        '  {"name": "get_weather", "parameters": {"city": "Paris"}}  ',
+        '[{"name": "get_weather", "arguments": {"city": "Paris"}}]',
+    ],
+)
+def test_a_json_call_that_opens_the_reply_is_a_call(text: str) -> None:
+    parser = ReplyParser(_plan(), None)
+    content, _, calls = _joined(_stream(parser, text, random.Random(1)))
+    assert content == ""
+    assert [(c["name"], json.loads(c["arguments"])) for c in calls.values()] == [
+        ("get_weather", {"city": "Paris"})
+    ]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
         '{"name": "unknown", "arguments": {}}',  # not an offered tool
-        '{"name": "get_weather", "arguments": {"city": "Paris"}, "x": 1}',
-        'Sure: {"name": "get_weather", "arguments": {"city": "Paris"}}',  # prose around it
+        'Sure: {"name": "get_weather", "arguments": {"city": "Paris"}}',  # not at the start
+        '```python\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n```',
         '{"a": 1}',
     ],
 )
-def test_json_that_is_not_a_call_stays_content(text: str) -> None:
-    assert near_miss(text, _plan()) is None
+def test_json_that_opens_no_call_stays_content(text: str) -> None:
+    assert Openings(_plan()).scan(text) == (len(text), False)
     parser = ReplyParser(_plan(), None)
     content, _, calls = _joined(_stream(parser, text, random.Random(2)))
     assert content == text and calls == {}
+
+
+def test_several_json_calls_in_a_list_are_several_calls() -> None:
+    text = '[{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "calc", "arguments": {"x": 2}}]'
+    parser = ReplyParser(_plan(), None)
+    _, _, calls = _joined(_stream(parser, text, random.Random(5)))
+    assert [c["name"] for c in calls.values()] == ["get_weather", "calc"]
 
 
 def test_llama_calls_are_bare_json_with_parameters() -> None:
@@ -129,6 +159,16 @@ def test_reasoning_is_split_off_before_calls_are_looked_for(seed: int) -> None:
     content, reasoning, calls = _joined(_stream(parser, text, random.Random(seed)))
     assert reasoning == f"I could write {CALL} but first"
     assert content == "Checking."
+    assert len(calls) == 1
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_block_left_in_the_content_opens_no_call(seed: int) -> None:
+    text = f"<think>I could write {CALL} but first</think>\n\nChecking.\n{CALL}"
+    parser = ReplyParser(_plan(), "auto", separate=False)
+    content, reasoning, calls = _joined(_stream(parser, text, random.Random(seed)))
+    assert reasoning == ""
+    assert content == f"<think>I could write {CALL} but first</think>\n\nChecking."
     assert len(calls) == 1
 
 
@@ -167,22 +207,98 @@ def _accepts(
     return all(matcher.accept_token(t) for t in tokenizer.encode(text, add_special_tokens=False))
 
 
+def _lazy_run(
+    compiler: GrammarCompiler, tokenizer: PreTrainedTokenizerBase, text: str, plan: ToolPlan
+) -> tuple[int | None, bool]:
+    """Feed ``text``'s tokens through the lazy grammar of ``plan``, as the engine does: the
+    first token that a constrained mask would refuse (or ``None``), and whether the grammar
+    was constraining by the end."""
+    grammar = compiler.lazy(
+        {"type": "structural_tag", "format": calls_format(plan)}, Openings(plan).scan, "test"
+    )
+    state = grammar.new_state()
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    bitmask = allocate_bitmask(1, len(tokenizer))
+    for i, token in enumerate(ids):
+        state.advance(ids[:i])
+        if state.active:
+            bitmask.fill_(-1)
+            state.fill(bitmask, 0)
+            if not (int(bitmask[0, token // 32]) >> (token % 32)) & 1:
+                return i, True
+    state.advance(ids)
+    return None, state.active
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "It is sunny.",
+        "```python\nprint('{\"name\": 1}')\n```",
+        "- a\n- b",
+        '"quoted"',
+        '{"name": "someone else", "arguments": {}}',
+        "Let me think about get_weather and <tool_ without calling.",
+    ],
+)
+def test_the_lazy_grammar_masks_nothing_in_a_reply_that_opens_no_call(
+    compiler: GrammarCompiler, default_tokenizer: PreTrainedTokenizerBase, text: str
+) -> None:
+    assert _lazy_run(compiler, default_tokenizer, text, _plan()) == (None, False)
+
+
+@pytest.mark.parametrize(
+    ("text", "refused"),
+    [
+        (CALL, None),
+        (f"Let me look.\n{CALL}\n{CALL}", None),
+        (
+            '```json\n{\n  "name": "get_weather",\n  "arguments": {\n    "city": "Paris"\n  }\n}\n```',
+            None,
+        ),
+        (
+            '[{"name": "calc", "arguments": {"x": 1}}, {"name": "calc", "arguments": {"x": 2}}]',
+            None,
+        ),
+        (CALL.replace("city", "town"), "town"),  # arguments must fit the schema
+        ('{"name": "get_weather", "arguments": {"city": 3}}', "3"),
+        (f"{CALL}\nAnd some text after it.", "And"),  # the reply ends after its calls
+    ],
+)
+def test_once_a_call_opens_the_lazy_grammar_keeps_it_valid(
+    compiler: GrammarCompiler,
+    default_tokenizer: PreTrainedTokenizerBase,
+    text: str,
+    refused: str | None,
+) -> None:
+    at, active = _lazy_run(compiler, default_tokenizer, text, _plan())
+    assert active
+    if refused is None:
+        assert at is None
+    else:
+        assert at is not None
+        ids = default_tokenizer.encode(text, add_special_tokens=False)
+        assert default_tokenizer.decode(ids[at:]).lstrip().startswith(refused)
+
+
+def test_without_parallel_calls_the_grammar_stops_after_one(
+    compiler: GrammarCompiler, default_tokenizer: PreTrainedTokenizerBase
+) -> None:
+    text = f"{CALL}\n{CALL}"
+    at, _ = _lazy_run(compiler, default_tokenizer, text, _plan(parallel=False))
+    assert at is not None
+
+
 @pytest.mark.parametrize(
     ("mode", "text", "accepted"),
     [
-        ("auto", "It is sunny.", True),
-        ("auto", CALL, True),
-        ("auto", f"Let me look. {CALL}", True),
-        ("auto", CALL.replace("city", "town"), False),  # arguments must fit the schema
-        ("auto", '{"name": "get_weather"', False),  # a bare call: only in the tags
-        ("auto", "```json\n{", False),
         ("required", "It is sunny.", False),  # a call from the first token
         ("required", CALL, True),
         ("forced", CALL, True),
         ("forced", '<tool_call>\n{"name": "calc", "arguments": {"x": 1}}\n</tool_call>', False),
     ],
 )
-def test_the_grammar_lets_text_through_and_keeps_calls_valid(
+def test_a_grammar_that_must_call_calls_from_the_first_token(
     compiler: GrammarCompiler,
     default_tokenizer: PreTrainedTokenizerBase,
     mode: str,
