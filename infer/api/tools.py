@@ -140,8 +140,9 @@ class Openings:
     """Where a reply opens a call: the one rule the grammar and the parser share.
 
     :meth:`scan` is given the reply's text so far (reasoning block included, when the reply
-    may think) and says where its calls begin, or how much of it can no longer be part of
-    one. Under ``required`` and a named tool the calls begin with the answer.
+    may think), or the text after its last call, and says where a call opens, or how much of
+    it can no longer be part of one. Under ``required`` and a named tool the calls begin
+    with the answer.
     """
 
     def __init__(self, plan: ToolPlan, thinking: Thinking | None = None) -> None:
@@ -153,14 +154,18 @@ class Openings:
             f'(?:```(?:json)?[ \\t]*\\n{_WS})?(?:\\[{_WS})?\\{{{_WS}"name"{_WS}:{_WS}"(?:{names})"'
         )
 
-    def scan(self, text: str, since: int = 0) -> tuple[int, bool]:
-        """``(offset, True)``: the calls begin at ``offset``. ``(offset, False)``: no call
-        begins before ``offset`` (text from there may still open one).
+    def scan(self, text: str, since: int = 0, resumed: bool = False) -> tuple[int, bool]:
+        """``(offset, True)``: a call opens at ``offset``. ``(offset, False)``: no call opens
+        before ``offset`` (text from there may still open one).
 
-        ``since`` is an offset an earlier scan of the same growing text returned without an
-        opening: the text before it is not searched again.
+        Args:
+            text: The reply so far, or (``resumed``) the text after its last call.
+            since: An offset an earlier scan of the same growing text returned without an
+                opening: the text before it is not searched again.
+            resumed: ``text`` follows a call: the answer has begun, and a JSON call may
+                open at its start as at the start of the answer.
         """
-        start = answer_offset(text, self.thinking)
+        start = 0 if resumed else answer_offset(text, self.thinking)
         if start is None:  # the reply has not reached its answer yet
             return max(since, reasoning_seen(text, self.thinking)), False
         if self.plan.mode != "auto":
@@ -203,12 +208,10 @@ class Delta:
     opened: list[int] = field(default_factory=list)  # indices of the calls this piece began
 
 
-# One call's opening up to its arguments (which must have begun); between calls the region
-# holds only wrappers (tags, fences, brackets, commas, whitespace), which are skipped.
+# One call object's opening up to its arguments (which must have begun).
 _HEAD = re.compile(
-    r'\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*(?=\S)'
+    r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*(?=\S)'
 )
-_TAIL = re.compile(r"\s*\}")
 
 
 class ToolCallParser:
@@ -216,9 +219,10 @@ class ToolCallParser:
 
     :meth:`feed` takes each new piece of text and returns what can be shown for sure: text
     that may still turn out to open a call (a partial ``<tool_call>``, the start of a reply
-    that may be a JSON call, whitespace) is held until it is known. Everything from the
-    opening on belongs to the calls and never shows as content; a call cut off part-way is
-    left out (:meth:`complete_calls`).
+    that may be a JSON call, whitespace) is held until it is known. A call is read from its
+    opening (:class:`Openings`) to the end of its wrapper (tags, fence, list); none of that
+    shows as content. After it the text is read as before. A call cut off part-way is left
+    out (:attr:`calls` marks it incomplete).
 
     Args:
         plan: The request's tools.
@@ -230,59 +234,82 @@ class ToolCallParser:
         self.plan = plan
         self.openings = Openings(plan, thinking)
         self.calls: list[Call] = []
-        self._text = ""  # the text fed so far
+        self._text = ""  # the text since the last call (or the reply's start)
         self._given = 0  # text[:_given] has been given out as content
         self._safe = 0  # no call opens before it
-        self._region: str | None = None  # the calls' text not read yet, once they began
+        self._region: str | None = None  # a call's text not read yet, once it opened
+        self._closers: list[str] = []  # what is still to close the call's wrapper, in order
+        self._in_list = False
+        self._state: Literal["wrapper", "head", "args", "object", "after"] = "wrapper"
         self._call: Call | None = None  # the call whose arguments are being read
         self._scan = _JSONScanner()
-        self._after_args = False  # its arguments ended: reading the object's closing brace
 
     def feed(self, text: str) -> Delta:
         delta = Delta()
-        if self._region is not None:
-            self._region += text
-            self._read_calls(delta)
-            return delta
-        self._text += text
-        offset, opened = self.openings.scan(self._text, self._safe)
-        if not opened:
-            self._safe = offset
-            self._give(delta, self._text[self._given : offset].rstrip())
-            return delta
-        self._give(delta, self._text[self._given : offset].rstrip())
-        self._region = self._text[offset:]
-        self._read_calls(delta)
+        self._feed(delta, text)
         return delta
 
     def finish(self) -> Delta:
-        """The end of the text: give out what was held, unless it belongs to the calls."""
+        """The end of the text: give out what was held, unless it belongs to a call."""
         delta = Delta()
-        if self._region is None:
-            self._give(delta, self._text[self._given :])
+        rest = self._text[self._given :]
+        if self._region is None and (rest.strip() or self._given or not self.calls):
+            self._give(delta, rest)
         return delta
 
     def complete_calls(self) -> list[Call]:
         return [c for c in self.calls if c.complete]
 
+    def _feed(self, delta: Delta, text: str) -> None:
+        while True:
+            if self._region is not None:
+                self._region += text
+                rest = self._read_call(delta)
+                if rest is None:
+                    return
+                self._region, text = None, rest  # the call's wrapper closed: text again
+                self._text, self._given, self._safe = "", 0, 0
+            self._text += text
+            text = ""
+            resumed = bool(self.calls)
+            offset, opened = self.openings.scan(self._text, self._safe, resumed)
+            if resumed and self._given == 0:  # the whitespace after a call: not content
+                self._given = min(offset, len(self._text) - len(self._text.lstrip()))
+            self._give(delta, self._text[self._given : offset].rstrip())
+            if not opened:
+                self._safe = offset
+                return
+            self._region = self._text[offset:]
+            self._state, self._closers, self._in_list = "wrapper", [], False
+
     def _give(self, delta: Delta, text: str) -> None:
         delta.content += text
         self._given += len(text)
 
-    def _read_calls(self, delta: Delta) -> None:
+    def _read_call(self, delta: Delta) -> str | None:
+        """Read the call's text as far as it goes; the text after its wrapper once that
+        closed, else ``None``."""
         assert self._region is not None
         while True:
-            if self._call is None:
-                head = _HEAD.search(self._region)
+            if self._state in ("wrapper", "head"):
+                head = _HEAD.search(self._region) if self._state == "wrapper" else None
+                head = head or _HEAD.match(self._region)
                 if head is None:
-                    return
+                    return None
+                if self._state == "wrapper":  # what opened the call: what must close it
+                    opening = self._region[: head.start()]
+                    self._closers = [HERMES_CLOSE] if HERMES_OPEN in opening else []
+                    self._closers += ["```"] if "```" in opening else []
+                    self._in_list = "[" in opening
                 self._call = Call(len(self.calls), new_call_id(), json.loads(f'"{head[1]}"'))
                 self.calls.append(self._call)
                 self._scan = _JSONScanner()
                 delta.calls.append((self._call, ""))
                 delta.opened.append(self._call.index)
                 self._region = self._region[head.end() :]
-            elif not self._after_args:
+                self._state = "args"
+            elif self._state == "args":
+                assert self._call is not None
                 end = self._scan.feed(self._region)
                 piece = self._region if end is None else self._region[:end]
                 if piece:
@@ -290,16 +317,46 @@ class ToolCallParser:
                     delta.calls.append((self._call, piece))
                 if end is None:
                     self._region = ""
-                    return
+                    return None
                 self._region = self._region[end:]
-                self._after_args = True
-            else:
-                tail = _TAIL.match(self._region)
-                if tail is None:
-                    return
-                self._region = self._region[tail.end() :]
-                self._call.complete = True
-                self._call, self._after_args = None, False
+                self._state = "object"
+            elif self._state == "object":  # the object's closing brace
+                closed = self._expect("}")
+                if closed is None:
+                    return None
+                assert self._call is not None
+                self._call.complete = closed
+                self._call = None
+                self._state = "after"
+            else:  # another object of the list, or the wrapper's closing parts
+                if self._in_list:
+                    if self._expect(",", keep_going=True):
+                        self._state = "head"
+                        continue
+                    closed = self._expect("]")
+                    if closed is None:
+                        return None
+                    self._in_list = False
+                while self._closers:
+                    closed = self._expect(self._closers[0])
+                    if closed is None:
+                        return None
+                    self._closers.pop(0)
+                return self._region
+
+    def _expect(self, closer: str, keep_going: bool = False) -> bool | None:
+        """Consume whitespace and ``closer``: ``True`` if it was there, ``None`` if the text
+        so far may still become it, ``False`` if it is not there (an unconstrained call
+        that went astray: its wrapper counts as closed). ``keep_going``: ``False`` rather
+        than ``None`` when unsure (a list's comma, else its bracket is tried)."""
+        assert self._region is not None
+        text = self._region.lstrip()
+        if text.startswith(closer):
+            self._region = text[len(closer) :]
+            return True
+        if closer.startswith(text) and not keep_going:
+            return None
+        return False
 
 
 class _JSONScanner:
@@ -407,11 +464,11 @@ def _call_object(tool: Tool) -> dict[str, Any]:
 
 
 def calls_format(plan: ToolPlan) -> dict[str, Any]:
-    """The structural format (xgrammar's JSON form) of a reply's calls from where it opened
-    them (:class:`Openings`) to its end: one call (or, with ``parallel_tool_calls``, several)
-    in any of the ways a call opens: the template's tags, a bare JSON object, a list of them,
-    or either in a ```` ```json ```` fence. Each names an offered tool and its arguments fit
-    that tool's schema."""
+    """The structural format (xgrammar's JSON form) of a call from where the reply opened it
+    (:class:`Openings`) to the end of its wrapper, in any of the ways a call opens: the
+    template's tags, a bare JSON object, a list of them (of one, without
+    ``parallel_tool_calls``), or either in a ```` ```json ```` fence. Each object names an
+    offered tool and its arguments fit that tool's schema."""
     objects = [_call_object(t) for t in plan.tools]
     one = objects[0] if len(objects) == 1 else {"type": "or", "elements": objects}
     more: dict[str, Any] = {"type": "star", "content": _seq(f"{_WS},{_WS}", one)}
@@ -421,6 +478,4 @@ def calls_format(plan: ToolPlan) -> dict[str, Any]:
     forms = [json_call, fenced]
     if plan.format != "llama":  # the template's tags (a llama call is the bare object)
         forms.append(_seq(f"{HERMES_OPEN}{_WS}", one, f"{_WS}{HERMES_CLOSE}"))
-    call = {"type": "or", "elements": forms}
-    calls = _seq(call, {"type": "star", "content": _seq(_WS, call)}) if plan.parallel else call
-    return _seq(calls, _WS)
+    return {"type": "or", "elements": forms}

@@ -26,10 +26,11 @@ class GrammarError(ValueError):
     """A schema that cannot be compiled into a grammar."""
 
 
-# Where a reply opens what a lazy grammar constrains: given the reply's text so far and an
-# offset an earlier call returned without an opening, ``(offset, True)`` if it opened there,
-# else ``(offset, False)``: nothing opens before ``offset``.
-Opening = Callable[[str, int], tuple[int, bool]]
+# Where a reply opens what a lazy grammar constrains: given the reply's text so far (or,
+# ``resumed``, its text since the last constrained part closed) and an offset an earlier
+# call returned without an opening, ``(offset, True)`` if it opened there, else
+# ``(offset, False)``: nothing opens before ``offset``.
+Opening = Callable[[str, int, bool], tuple[int, bool]]
 
 
 class Grammar:
@@ -51,12 +52,14 @@ class LazyGrammar(Grammar):
 
     Until ``opening`` finds the opening in the reply's text, no token is masked, so the
     reply is what the model would write unconstrained. From the opening on, the grammar
-    constrains the rest of the reply; the text from the opening to the last token is
-    matched first (the token that completed the opening may reach past it).
+    constrains the reply; the text from the opening to the last token is matched first (the
+    token that completed the opening may reach past it). Once the grammar is complete, the
+    reply is free again and may open another part (``reopen``), or must end.
 
     Args:
-        compiled: The grammar of the reply from its opening to its end.
+        compiled: The grammar of one part, from its opening to its end.
         opening: Finds the opening (:data:`Opening`).
+        reopen: After a part, the reply goes on free; else it ends there.
         vocab: Each token's bytes, as the matcher reads them.
         stops: Stop tokens (they add no text).
     """
@@ -65,12 +68,14 @@ class LazyGrammar(Grammar):
         self,
         compiled: xgr.CompiledGrammar,
         opening: Opening,
+        reopen: bool,
         vocab: Sequence[bytes],
         stops: frozenset[int],
         description: str,
     ) -> None:
         super().__init__(compiled, description)
         self.opening = opening
+        self.reopen = reopen
         self.vocab = vocab
         self.stops = stops
 
@@ -110,31 +115,42 @@ class GrammarState:
 
 
 class LazyGrammarState(GrammarState):
-    """A :class:`LazyGrammar`'s state: the reply's bytes until it opens, then its matcher.
+    """A :class:`LazyGrammar`'s state: the reply's bytes while it is free, its matcher while
+    a part it opened is constrained.
 
     An opening whose text the grammar refuses (the tokens around it went where the grammar
-    cannot follow) leaves the reply unconstrained: nothing can be taken back.
+    cannot follow) leaves the rest of the reply unconstrained: nothing can be taken back.
     """
 
     def __init__(self, grammar: LazyGrammar) -> None:
         super().__init__(None)
         self.grammar = grammar
         self.refused = False
-        self._bytes = bytearray()
-        self._since = 0  # no opening before this offset of the text
+        self._bytes = bytearray()  # the free text since the reply's start or the last part
+        self._since = 0  # no opening before this offset of that text
+        self._resumed = False  # a part has closed before it
 
     def advance(self, output_ids: Sequence[int]) -> None:
-        if self.matcher is not None:
-            super().advance(output_ids)
-            return
-        if self.refused or len(output_ids) == self.consumed:
+        if len(output_ids) == self.consumed:
             return
         for token in output_ids[self.consumed :]:
-            if token not in self.grammar.stops:
-                self._bytes += self.grammar.vocab[token]
+            matcher = self.matcher
+            if matcher is None:
+                if token not in self.grammar.stops:
+                    self._bytes += self.grammar.vocab[token]
+                continue
+            if not matcher.is_terminated():
+                matcher.accept_token(token)
+            if self.grammar.reopen and matcher.is_completed() and not matcher.is_terminated():
+                self.matcher, self._bytes, self._since, self._resumed = None, bytearray(), 0, True
         self.consumed = len(output_ids)
+        if self.matcher is None and not self.refused:
+            self._look()
+
+    def _look(self) -> None:
+        """Look for an opening in the free text; start the matcher there."""
         text = self._bytes.decode("utf-8", "surrogateescape")  # partial characters kept
-        offset, opened = self.grammar.opening(text, self._since)
+        offset, opened = self.grammar.opening(text, self._since, self._resumed)
         if not opened:
             self._since = offset
             return
@@ -197,15 +213,18 @@ class GrammarCompiler:
         """
         return Grammar(self._compile_tag(tag), description)
 
-    def lazy(self, tag: dict[str, Any], opening: Opening, description: str) -> LazyGrammar:
+    def lazy(
+        self, tag: dict[str, Any], opening: Opening, reopen: bool, description: str
+    ) -> LazyGrammar:
         """A :class:`LazyGrammar`: nothing constrained until ``opening`` finds where the
-        reply opens what the structural tag ``tag`` describes (from there to its end).
+        reply opens a part that the structural tag ``tag`` describes; then free again after
+        it (``reopen``), or the end.
 
         Raises:
             GrammarError: A schema in it is invalid or unsupported.
         """
         compiled = self._compile_tag(tag)
-        return LazyGrammar(compiled, opening, self._vocab, self._stops, description)
+        return LazyGrammar(compiled, opening, reopen, self._vocab, self._stops, description)
 
     def _compile_tag(self, tag: dict[str, Any]) -> xgr.CompiledGrammar:
         try:

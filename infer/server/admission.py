@@ -209,8 +209,9 @@ async def compile_format(
     try:
         if plan is not None and plan.mode == "auto":  # free until the model opens a call
             calls = {"type": "structural_tag", "format": tools.calls_format(plan)}
-            openings = tools.Openings(plan, thinking)
-            return await trio.to_thread.run_sync(compiler.lazy, calls, openings.scan, "tool calls")
+            openings = tools.Openings(plan, thinking).scan
+            lazy = compiler.lazy
+            return await trio.to_thread.run_sync(lazy, calls, openings, plan.parallel, "tool calls")
         if plan is not None:
             tag = with_reasoning(tools.answer_format(plan), thinking)
             return await trio.to_thread.run_sync(compiler.structural_tag, tag, "tool calls")

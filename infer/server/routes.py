@@ -533,10 +533,13 @@ async def tokenize() -> Response:
     state = get_state()
     engine, _ = state.require_ready()
     check_model(state, body.model)
+    plan = None
+    if body.tools:
+        plan = tool_plan(state, [t.function for t in body.tools], "auto", None, None)
     [ids] = await encode(
         state,
         engine,
-        [Prompt(body.prompt, body.messages)],
+        [Prompt(body.prompt, body.messages, plan)],
         add_generation_prompt=body.add_generation_prompt,
         add_special_tokens=body.add_special_tokens,
         allow_empty=True,

@@ -758,6 +758,8 @@ class TokenizeRequest(_Body):
     model: str | None = None
     prompt: StrictStr | None = None
     messages: list[ChatMessage] | None = None
+    # rendered with the messages, as a chat request that offers them renders them
+    tools: Annotated[list[ToolDefinition], Field(max_length=128)] | None = None
     add_special_tokens: bool = False  # the generation routes add none
     add_generation_prompt: bool = True
     return_token_strs: bool = False
@@ -766,6 +768,8 @@ class TokenizeRequest(_Body):
     def _prompt_or_messages(self) -> TokenizeRequest:
         if (self.prompt is None) == (self.messages is None):
             raise ValueError("give exactly one of prompt and messages")
+        if self.tools and self.messages is None:
+            raise ValueError("tools go with messages")
         return self
 
 

@@ -13,12 +13,20 @@ import jsonschema
 import pytest
 import trio
 
+from infer.api.tools import Openings, Tool, ToolPlan
 from infer.bench.tool_cases import ASK_WEATHER, SCHEMAS, TOOLS
 from support.server import running_server
 
 pytestmark = pytest.mark.slow
 
 QWEN = "qwen2.5-coder-0.5b"
+SMOL = "SmolLM2-135M-Instruct"
+_AUTO = ToolPlan(
+    tuple(Tool(t["function"]["name"], None, t["function"]["parameters"]) for t in TOOLS),
+    "auto",
+    True,
+    "hermes",
+)
 ASK = [{"role": "user", "content": ASK_WEATHER}]
 CHOICES: list[Any] = ["auto", "required", {"type": "function", "function": {"name": "calculator"}}]
 
@@ -87,6 +95,68 @@ async def test_calls_come_back_parsed_in_every_choice_mode_streamed_and_not(
         assert all(c["id"].startswith("call_") for c in calls.values())
 
 
+INVARIANT_PROMPTS = [
+    "Reply with only a Python code block, no prose: a function that reverses a string.",
+    "Give me a markdown bullet list of three fruits, nothing else.",
+    "Write a markdown heading for a page about Paris, then one sentence.",
+    'Reply with a quoted string: the word "hello" in French, in double quotes.',
+]
+
+
+async def _unconstrained_twin(
+    client: httpx.AsyncClient, model: str, messages: list[dict[str, Any]], max_tokens: int
+) -> tuple[Any, Any]:
+    """The same chat request with tools under ``auto``, and its prompt (the tools rendered
+    as the template renders them) completed with no grammar at all; both greedy."""
+    chat = {"model": model, "messages": messages, "tools": TOOLS, "tool_choice": "auto"}
+    chat |= {"temperature": 0, "max_tokens": max_tokens, "logprobs": True}
+    r = await client.post("/v1/chat/completions", json=chat)
+    assert r.status_code == 200, r.text
+    tokenized = await client.post(
+        "/tokenize", json={"model": model, "messages": messages, "tools": TOOLS}
+    )
+    plain = {"model": model, "prompt": tokenized.json()["tokens"], "temperature": 0}
+    free = await client.post(
+        "/v1/completions", json=plain | {"max_tokens": max_tokens, "logprobs": 0}
+    )
+    assert free.status_code == 200, free.text
+    return r.json()["choices"][0], free.json()["choices"][0]
+
+
+def _assert_same_reply(chat: Any, free: Any) -> None:
+    """A reply that opens no call comes back as the very tokens the free completion chose."""
+    assert Openings(_AUTO).scan(free["text"]) == (len(free["text"]), False), free["text"]
+    message = chat["message"]
+    assert "tool_calls" not in message
+    assert message["content"] == free["text"]
+    assert [t["token"] for t in chat["logprobs"]["content"]] == free["logprobs"]["tokens"]
+    assert chat["finish_reason"] == free["finish_reason"]
+
+
+async def test_under_auto_a_reply_that_opens_no_call_is_the_models_own(
+    qwen_app: AppFactory,
+) -> None:
+    async with running_server(qwen_app(engine={"max_seq_len": 1024})) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=300) as client:
+            for prompt in INVARIANT_PROMPTS:
+                messages = [{"role": "user", "content": prompt}]
+                chat, free = await _unconstrained_twin(client, QWEN, messages, 48)
+                _assert_same_reply(chat, free)
+
+
+async def test_under_auto_a_template_without_tools_answers_as_it_would(
+    real_app: AppFactory,
+) -> None:
+    """SmolLM2's template takes no tools (they are described to it in the system message):
+    its replies that open no call are its own too."""
+    async with running_server(real_app()) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=300) as client:
+            for prompt in INVARIANT_PROMPTS[:2]:
+                messages = [{"role": "user", "content": prompt}]
+                chat, free = await _unconstrained_twin(client, SMOL, messages, 40)
+                _assert_same_reply(chat, free)
+
+
 async def test_the_tool_result_goes_back_for_a_final_answer(qwen_app: AppFactory) -> None:
     def run(url: str) -> tuple[Any, Any]:
         client = _client(url)
@@ -107,8 +177,10 @@ async def test_the_tool_result_goes_back_for_a_final_answer(qwen_app: AppFactory
 
     first, second = await _run(qwen_app(engine={"max_seq_len": 1024}), run)
     reply = second.choices[0]
+    print("ROUNDTRIP", first.choices[0].message, reply)
     assert reply.finish_reason in ("stop", "length") and not reply.message.tool_calls
-    assert reply.message.content  # an answer in text, after the call and its result
+    # an answer in text, from the model's own distribution: it uses the result
+    assert "18" in reply.message.content and "cloudy" in reply.message.content.lower()
     # the history (the call, its result) went into the prompt through the template
     assert second.usage.prompt_tokens > first.usage.prompt_tokens + 20
 

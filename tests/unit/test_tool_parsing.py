@@ -77,6 +77,15 @@ def test_a_call_cut_off_part_way_is_not_a_call_and_none_of_it_is_content() -> No
         assert [c.arguments for c in parser.calls] == ['{"city": "Paris"}']
 
 
+@pytest.mark.parametrize("mode", ["required", "forced"])
+def test_a_reply_that_must_call_is_read_from_its_first_piece(mode: str) -> None:
+    parser = ReplyParser(_plan(mode), None)
+    deltas = [parser.feed("").as_openai()]  # a first output whose text is still held
+    deltas += _stream(parser, f"{CALL}\n{CALL}", random.Random(6))
+    content, _, calls = _joined([d for d in deltas if d])
+    assert content == "" and [c["name"] for c in calls.values()] == ["get_weather"] * 2
+
+
 def test_text_without_calls_is_all_content() -> None:
     parser = ReplyParser(_plan(), None)
     text = "The weather is <b>fine</b>, 3 < 4 and {braces} too.\n"
@@ -139,10 +148,22 @@ def test_json_that_opens_no_call_stays_content(text: str) -> None:
 
 
 def test_several_json_calls_in_a_list_are_several_calls() -> None:
-    text = '[{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "calc", "arguments": {"x": 2}}]'
+    text = '[{"name": "get_weather", "arguments": {"city": "Paris"}}, '
+    text += '{"name": "calc", "arguments": {"x": 2}}]'
     parser = ReplyParser(_plan(), None)
     _, _, calls = _joined(_stream(parser, text, random.Random(5)))
     assert [c["name"] for c in calls.values()] == ["get_weather", "calc"]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_after_a_call_the_reply_is_read_as_before(seed: int) -> None:
+    fenced = '```json\n{"name": "calc", "arguments": {"x": 1}}\n```'
+    text = f'{fenced}\n\n{CALL}\n{{"temp": 18}} is what it said.\n{fenced}\n'
+    parser = ReplyParser(_plan(), None)
+    content, _, calls = _joined(_stream(parser, text, random.Random(seed)))
+    assert [c["name"] for c in calls.values()] == ["calc", "get_weather"]
+    # a JSON call after prose is not at the start of the answer, nor right after a call
+    assert content == f'{{"temp": 18}} is what it said.\n{fenced}\n'
 
 
 def test_llama_calls_are_bare_json_with_parameters() -> None:
@@ -212,22 +233,22 @@ def _lazy_run(
 ) -> tuple[int | None, bool]:
     """Feed ``text``'s tokens through the lazy grammar of ``plan``, as the engine does: the
     first token that a constrained mask would refuse (or ``None``), and whether the grammar
-    was constraining by the end."""
-    grammar = compiler.lazy(
-        {"type": "structural_tag", "format": calls_format(plan)}, Openings(plan).scan, "test"
-    )
+    constrained any token."""
+    tag = {"type": "structural_tag", "format": calls_format(plan)}
+    grammar = compiler.lazy(tag, Openings(plan).scan, plan.parallel, "test")
     state = grammar.new_state()
     ids = tokenizer.encode(text, add_special_tokens=False)
     bitmask = allocate_bitmask(1, len(tokenizer))
+    constrained = False
     for i, token in enumerate(ids):
         state.advance(ids[:i])
         if state.active:
+            constrained = True
             bitmask.fill_(-1)
             state.fill(bitmask, 0)
             if not (int(bitmask[0, token // 32]) >> (token % 32)) & 1:
                 return i, True
-    state.advance(ids)
-    return None, state.active
+    return None, constrained
 
 
 @pytest.mark.parametrize(
@@ -253,7 +274,8 @@ def test_the_lazy_grammar_masks_nothing_in_a_reply_that_opens_no_call(
         (CALL, None),
         (f"Let me look.\n{CALL}\n{CALL}", None),
         (
-            '```json\n{\n  "name": "get_weather",\n  "arguments": {\n    "city": "Paris"\n  }\n}\n```',
+            '```json\n{\n  "name": "get_weather",\n  "arguments": {\n    "city": "Paris"\n  }'
+            "\n}\n```",
             None,
         ),
         (
@@ -262,7 +284,7 @@ def test_the_lazy_grammar_masks_nothing_in_a_reply_that_opens_no_call(
         ),
         (CALL.replace("city", "town"), "town"),  # arguments must fit the schema
         ('{"name": "get_weather", "arguments": {"city": 3}}', "3"),
-        (f"{CALL}\nAnd some text after it.", "And"),  # the reply ends after its calls
+        (f"{CALL}\nAnd some text after it.", None),  # free again after a call
     ],
 )
 def test_once_a_call_opens_the_lazy_grammar_keeps_it_valid(
@@ -284,9 +306,12 @@ def test_once_a_call_opens_the_lazy_grammar_keeps_it_valid(
 def test_without_parallel_calls_the_grammar_stops_after_one(
     compiler: GrammarCompiler, default_tokenizer: PreTrainedTokenizerBase
 ) -> None:
-    text = f"{CALL}\n{CALL}"
-    at, _ = _lazy_run(compiler, default_tokenizer, text, _plan(parallel=False))
-    assert at is not None
+    for after in (CALL, "And some text after it."):
+        text = f"{CALL}\n{after}"
+        at, _ = _lazy_run(compiler, default_tokenizer, text, _plan(parallel=False))
+        assert at is not None
+        ids = default_tokenizer.encode(text, add_special_tokens=False)
+        assert default_tokenizer.decode(ids[:at]).rstrip() == CALL
 
 
 @pytest.mark.parametrize(
