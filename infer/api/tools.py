@@ -465,7 +465,7 @@ def _call_object(tool: Tool) -> dict[str, Any]:
 
 def calls_format(plan: ToolPlan) -> dict[str, Any]:
     """The structural format (xgrammar's JSON form) of a call from where the reply opened it
-    (:class:`Openings`) to the end of its wrapper, in any of the ways a call opens: the
+    (:class:`Openings`) to the end of its wrapper and on, in any of the ways a call opens: the
     template's tags, a bare JSON object, a list of them (of one, without
     ``parallel_tool_calls``), or either in a ```` ```json ```` fence. Each object names an
     offered tool and its arguments fit that tool's schema."""
@@ -478,4 +478,7 @@ def calls_format(plan: ToolPlan) -> dict[str, Any]:
     forms = [json_call, fenced]
     if plan.format != "llama":  # the template's tags (a llama call is the bare object)
         forms.append(_seq(f"{HERMES_OPEN}{_WS}", one, f"{_WS}{HERMES_CLOSE}"))
-    return {"type": "or", "elements": forms}
+    # After the call: free text (the reply goes on free, and a token may reach past the
+    # call's end, as ``}\n`` does), or, without parallel calls, whitespace and the end.
+    after = {"type": "any_text"} if plan.parallel else {"type": "regex", "pattern": _WS}
+    return _seq({"type": "or", "elements": forms}, after)

@@ -54,7 +54,8 @@ class LazyGrammar(Grammar):
     reply is what the model would write unconstrained. From the opening on, the grammar
     constrains the reply; the text from the opening to the last token is matched first (the
     token that completed the opening may reach past it). Once the grammar is complete, the
-    reply is free again and may open another part (``reopen``), or must end.
+    reply is free again and may open another part (``reopen``: the grammar then ends in free
+    text, so that a token may reach past the part's end), or must end.
 
     Args:
         compiled: The grammar of one part, from its opening to its end.
@@ -139,10 +140,15 @@ class LazyGrammarState(GrammarState):
                 if token not in self.grammar.stops:
                     self._bytes += self.grammar.vocab[token]
                 continue
-            if not matcher.is_terminated():
-                matcher.accept_token(token)
-            if self.grammar.reopen and matcher.is_completed() and not matcher.is_terminated():
-                self.matcher, self._bytes, self._since, self._resumed = None, bytearray(), 0, True
+            if matcher.is_terminated():
+                continue
+            before = matcher.fork() if self.grammar.reopen else None
+            matcher.accept_token(token)
+            if before is not None and matcher.is_completed() and not matcher.is_terminated():
+                # The part is closed: the reply is free again from the end of its text, which
+                # may fall inside this token (``}\n`` after a call).
+                self.matcher, self._since, self._resumed = None, 0, True
+                self._bytes = bytearray(_after_completion(before, self.grammar.vocab[token]))
         self.consumed = len(output_ids)
         if self.matcher is None and not self.refused:
             self._look()
@@ -161,6 +167,16 @@ class LazyGrammarState(GrammarState):
         else:
             self.refused = True
         self._bytes = bytearray()
+
+
+def _after_completion(matcher: xgr.GrammarMatcher, token: bytes) -> bytes:
+    """The bytes of ``token`` after the point where ``matcher`` (its state before the token)
+    completes its grammar."""
+    for end in range(1, len(token) + 1):
+        probe = matcher.fork()
+        if probe.accept_string(token[:end]) and probe.is_completed():
+            return token[end:]
+    return b""
 
 
 class GrammarCompiler:
