@@ -116,7 +116,8 @@ class ReasoningParser:
 
 def with_reasoning(answer: dict[str, Any], mode: Thinking | None) -> dict[str, Any]:
     """A structural tag (xgrammar's JSON form): the reasoning block, free, then ``answer``'s
-    format, so structured output and tool calls constrain the answer, not the thinking."""
+    format, so structured output and tool calls constrain the answer, not the thinking.
+    Where the reply may think (``auto``), whether it opens a block is the model's choice."""
     if mode is None:
         return {"type": "structural_tag", "format": answer}
     block = {
@@ -125,10 +126,9 @@ def with_reasoning(answer: dict[str, Any], mode: Thinking | None) -> dict[str, A
         "content": {"type": "any_text"},
         "end": CLOSE,
     }
-    think: dict[str, Any] = {
-        "type": "sequence",
-        "elements": [block, {"type": "const_string", "value": "\n\n"}],
-    }
+    # the blank lines after the block: as many as the model writes (a few at most)
+    gap = {"type": "regex", "pattern": "[ \\t\\n]{0,16}"}
+    think: dict[str, Any] = {"type": "sequence", "elements": [block, gap]}
     if mode == "auto":
         think = {"type": "optional", "content": think}
     return {"type": "structural_tag", "format": {"type": "sequence", "elements": [think, answer]}}

@@ -340,3 +340,7 @@ def test_the_grammar_leaves_the_reasoning_block_free(
     tag = with_reasoning({"type": "json_schema", "json_schema": {"type": "object"}}, "auto")
     assert _accepts(compiler, tag, default_tokenizer, '<think>anything {[</think>\n\n{"a": 1}')
     assert not _accepts(compiler, tag, default_tokenizer, "<think>x</think>\n\nnot json")
+    # the model decides whether to think, and how it spaces the answer after the block
+    assert _accepts(compiler, tag, default_tokenizer, '{"a": 1}')
+    assert _accepts(compiler, tag, default_tokenizer, '<think>x</think>\n{"a": 1}')
+    assert _accepts(compiler, tag, default_tokenizer, '<think>x</think>{"a": 1}')
