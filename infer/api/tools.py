@@ -328,7 +328,7 @@ class ToolCallParser:
                 self._call.complete = closed
                 self._call = None
                 self._state = "after"
-            else:  # another object of the list, or the wrapper's closing parts
+            else:  # another object of the list or the fence, or the wrapper's closing parts
                 if self._in_list:
                     if self._expect(",", keep_going=True):
                         self._state = "head"
@@ -337,6 +337,15 @@ class ToolCallParser:
                     if closed is None:
                         return None
                     self._in_list = False
+                if self._closers[-1:] == ["```"]:  # a fence may hold several calls
+                    text = self._region.lstrip()
+                    if not text:
+                        return None
+                    if text[0] in "{[":
+                        self._region = text[1:] if text[0] == "[" else text
+                        self._in_list = text[0] == "["
+                        self._state = "head"
+                        continue
                 while self._closers:
                     closed = self._expect(self._closers[0])
                     if closed is None:
@@ -466,15 +475,19 @@ def _call_object(tool: Tool) -> dict[str, Any]:
 def calls_format(plan: ToolPlan) -> dict[str, Any]:
     """The structural format (xgrammar's JSON form) of a call from where the reply opened it
     (:class:`Openings`) to the end of its wrapper and on, in any of the ways a call opens: the
-    template's tags, a bare JSON object, a list of them (of one, without
-    ``parallel_tool_calls``), or either in a ```` ```json ```` fence. Each object names an
+    template's tags, a bare JSON object, a list of them, or several of either in a
+    ```` ```json ```` fence (one call without ``parallel_tool_calls``). Each object names an
     offered tool and its arguments fit that tool's schema."""
     objects = [_call_object(t) for t in plan.tools]
     one = objects[0] if len(objects) == 1 else {"type": "or", "elements": objects}
     more: dict[str, Any] = {"type": "star", "content": _seq(f"{_WS},{_WS}", one)}
     listed = _seq(f"\\[{_WS}", one, *([more] if plan.parallel else []), f"{_WS}\\]")
     json_call = {"type": "or", "elements": [one, listed]}
-    fenced = _seq(f"```(json)?[ \\t]*\\n{_WS}", json_call, f"{_WS}```")
+    # in a fence, as many JSON calls as the model writes (one without parallel calls)
+    fenced_calls: list[Any] = [json_call]
+    if plan.parallel:
+        fenced_calls.append({"type": "star", "content": _seq(_WS, json_call)})
+    fenced = _seq(f"```(json)?[ \\t]*\\n{_WS}", *fenced_calls, f"{_WS}```")
     forms = [json_call, fenced]
     if plan.format != "llama":  # the template's tags (a llama call is the bare object)
         forms.append(_seq(f"{HERMES_OPEN}{_WS}", one, f"{_WS}{HERMES_CLOSE}"))

@@ -147,12 +147,21 @@ def test_json_that_opens_no_call_stays_content(text: str) -> None:
     assert content == text and calls == {}
 
 
-def test_several_json_calls_in_a_list_are_several_calls() -> None:
-    text = '[{"name": "get_weather", "arguments": {"city": "Paris"}}, '
-    text += '{"name": "calc", "arguments": {"x": 2}}]'
+@pytest.mark.parametrize(
+    "text",
+    [
+        '[{"name": "get_weather", "arguments": {"city": "Paris"}}, '
+        '{"name": "calc", "arguments": {"x": 2}}]',
+        '```json\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
+        '{"name": "calc", "arguments": {"x": 2}}\n```',
+        '```json\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
+        '[{"name": "calc", "arguments": {"x": 2}}]\n```',
+    ],
+)
+def test_several_json_calls_in_a_list_or_a_fence_are_several_calls(text: str) -> None:
     parser = ReplyParser(_plan(), None)
-    _, _, calls = _joined(_stream(parser, text, random.Random(5)))
-    assert [c["name"] for c in calls.values()] == ["get_weather", "calc"]
+    content, _, calls = _joined(_stream(parser, text, random.Random(5)))
+    assert content == "" and [c["name"] for c in calls.values()] == ["get_weather", "calc"]
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -280,6 +289,11 @@ def test_the_lazy_grammar_masks_nothing_in_a_reply_that_opens_no_call(
         ),
         (
             '[{"name": "calc", "arguments": {"x": 1}}, {"name": "calc", "arguments": {"x": 2}}]',
+            None,
+        ),
+        (
+            '```json\n{"name": "calc", "arguments": {"x": 1}}\n'
+            '{"name": "calc", "arguments": {"x": 2}}\n```',
             None,
         ),
         (CALL.replace("city", "town"), "town"),  # arguments must fit the schema
