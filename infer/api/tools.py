@@ -14,14 +14,16 @@ Under ``tool_choice: auto`` the model decides whether to call. A reply opens a c
 
 - its template's call syntax, anywhere: ``<tool_call>`` (``hermes``, ``generic``) or
   ``{"name"`` (``llama``);
-- at the start of the reply, a JSON object (bare, in a list, or in a ```` ```json ```` fence)
-  whose ``"name"`` is an offered tool: what small models write when they mean a call, the way
-  llama.cpp's lazy grammars trigger. A JSON object that names no tool stays text.
+- at the start of the reply or right after a call, a JSON object (bare, in a list, or in a
+  ```` ```json ```` fence) whose ``"name"`` is an offered tool: what small models write when
+  they mean a call, the way llama.cpp's lazy grammars trigger. A JSON object that names no
+  tool stays text.
 
 Nothing before the opening is constrained, so a reply that opens no call is the text the
-model would have written anyway. From the opening on, :func:`calls_format` keeps the calls
-valid: each names an offered tool, its arguments fit that tool's schema, and the reply ends
-after its calls. ``required`` and a named tool constrain from the first token
+model would have written anyway. From the opening to the end of the call's wrapper,
+:func:`calls_format` keeps the call valid: it names an offered tool and its arguments fit
+that tool's schema. After it the reply is free again (``parallel_tool_calls: false``: it
+ends). ``required`` and a named tool constrain from the first token
 (:func:`answer_format`): the user asked for a call. :class:`ToolCallParser` reads the
 streamed text with the same :class:`Openings`: content up to the opening, then each call's
 name and its ``arguments`` as growing prefixes of one JSON text.
@@ -36,7 +38,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import jsonschema
 import regex
 
 from infer.api.reasoning import Thinking, answer_offset, partial_suffix, reasoning_seen
@@ -66,14 +67,6 @@ class Tool:
             function["description"] = self.description
         return {"type": "function", "function": function}
 
-    def accepts(self, arguments: Any) -> bool:
-        """Whether ``arguments`` validate against this tool's parameter schema."""
-        try:
-            jsonschema.validate(arguments, dict(self.parameters))
-        except jsonschema.ValidationError:
-            return False
-        return True
-
 
 @dataclass(frozen=True)
 class ToolPlan:
@@ -88,9 +81,6 @@ class ToolPlan:
     mode: Mode
     parallel: bool
     format: Format
-
-    def find(self, name: str) -> Tool | None:
-        return next((t for t in self.tools if t.name == name), None)
 
 
 def tool_format(chat_template: str | None) -> Format:

@@ -142,13 +142,14 @@ class LazyGrammarState(GrammarState):
                 continue
             if matcher.is_terminated():
                 continue
-            before = matcher.fork() if self.grammar.reopen else None
             matcher.accept_token(token)
-            if before is not None and matcher.is_completed() and not matcher.is_terminated():
+            if self.grammar.reopen and matcher.is_completed() and not matcher.is_terminated():
                 # The part is closed: the reply is free again from the end of its text, which
                 # may fall inside this token (``}\n`` after a call).
+                matcher.rollback(1)
+                rest = _after_completion(matcher, self.grammar.vocab[token])
                 self.matcher, self._since, self._resumed = None, 0, True
-                self._bytes = bytearray(_after_completion(before, self.grammar.vocab[token]))
+                self._bytes = bytearray(rest)
         self.consumed = len(output_ids)
         if self.matcher is None and not self.refused:
             self._look()
