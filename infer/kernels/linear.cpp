@@ -209,8 +209,8 @@ inline void amx_tile(const Group& g, int m, const c10::BFloat16* x, int64_t ldx,
 // rows are loaded normally and kept, for the second pair of blocks, while the weights, read
 // once per 32 rows, are streamed (TILELOADDT1) past L1 instead of evicting them. K runs in
 // chunks of at most kAmxKChunk, so 32 rows of a chunk fit L1; between chunks the
-// accumulators wait in memory (exact: the sums still run in k order). One core, 512 rows x
-// 64 columns: K = 576 1.58 -> 1.98 TFLOP/s, K = 1536 1.40 -> 1.75 (three chunks).
+// accumulators wait in memory (exact: the sums still run in k order; the speed-up is in
+// bench/results/LOG.md).
 constexpr int64_t kAmxKChunk = 576;
 
 // 2 x 2 blocks' accumulators, two buffers: while the tile unit computes one block, the
