@@ -104,7 +104,7 @@ def dense_copy(source: str) -> Path | None:
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM
 
-    from infer.models.cache import cache_dir, file_key
+    from infer.models.derived_files import cache_dir, file_key
     from infer.models.gguf_checkpoint import GGUFCheckpoint
 
     path = gguf_file(source)

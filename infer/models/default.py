@@ -25,8 +25,8 @@ from typing import BinaryIO
 import torch
 from tqdm.auto import tqdm
 
-from infer.models.cache import cache_dir
 from infer.models.config import CONFIG_NAME, GENERATION_CONFIG_NAME, WEIGHTS_NAME
+from infer.models.derived_files import cache_dir
 from infer.models.errors import LoadError
 from infer.models.gguf_checkpoint import GGUFCheckpoint
 

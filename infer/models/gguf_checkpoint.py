@@ -20,7 +20,7 @@ from gguf.quants import dequantize
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from infer.models import quant
-from infer.models.cache import cache_dir, file_key
+from infer.models.derived_files import cache_dir, file_key
 from infer.models.errors import LoadError, eos_token_ids, one_line
 from infer.models.gguf_file import GGUFFile, GGUFTensor
 from infer.models.quant import QuantTensor

@@ -15,8 +15,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from infer.models.cache import cache_dir
 from infer.models.default import package_file
+from infer.models.derived_files import cache_dir
 from infer.models.errors import LoadError
 
 
