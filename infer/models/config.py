@@ -1,4 +1,5 @@
-"""A normalized model configuration built from a checkpoint's ``config.json``."""
+"""A normalized model configuration built from a checkpoint's ``config.json``, the names of
+the files a model directory holds, and the end-of-sequence ids its configs name."""
 
 from __future__ import annotations
 
@@ -24,6 +25,16 @@ _MODEL_TYPES = {
 CONFIG_NAME = "config.json"
 GENERATION_CONFIG_NAME = "generation_config.json"
 WEIGHTS_NAME = "model.safetensors"
+
+
+def eos_token_ids(*sources: int | list[int] | None) -> list[int]:
+    """All end-of-sequence ids named by any source, deduplicated, in order of first mention."""
+    ids: list[int] = []
+    for source in sources:
+        for i in source if isinstance(source, list | tuple) else [source]:
+            if isinstance(i, int) and i not in ids:
+                ids.append(i)
+    return ids
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,9 @@ from gguf.quants import dequantize
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from infer.models import quant
+from infer.models.config import eos_token_ids
 from infer.models.derived_files import cache_dir, file_key
-from infer.models.errors import LoadError, eos_token_ids, one_line
+from infer.models.errors import LoadError
 from infer.models.gguf_file import GGUFFile, GGUFTensor
 from infer.models.quant import QuantTensor
 
@@ -85,7 +86,7 @@ class GGUFCheckpoint:
             self.reader = GGUFFile(path)
             self.arch = str(self._field("general.architecture"))
         except Exception as e:  # ValueError, struct errors, a bad type code...
-            raise LoadError(f"{path} is not a readable GGUF file ({one_line(e)})") from e
+            raise LoadError.caused_by(f"{path} is not a readable GGUF file", e) from e
         if self.arch not in GGUF_ARCHITECTURES:
             raise LoadError(
                 f"unsupported GGUF architecture {self.arch!r} in {path}; "
@@ -119,7 +120,7 @@ class GGUFCheckpoint:
         try:
             tokenizer = AutoTokenizer.from_pretrained(self.path.parent, gguf_file=self.path.name)
         except Exception as e:
-            raise LoadError(f"cannot build a tokenizer from {self.path} ({one_line(e)})") from e
+            raise LoadError.caused_by(f"cannot build a tokenizer from {self.path}", e) from e
         try:
             tmp = saved.with_name(f".{saved.name}.{os.getpid()}")
             tokenizer.save_pretrained(tmp)

@@ -26,9 +26,15 @@ from safetensors import SafetensorError, safe_open
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from infer.models.base import CausalLM
-from infer.models.config import CONFIG_NAME, GENERATION_CONFIG_NAME, WEIGHTS_NAME, ModelConfig
+from infer.models.config import (
+    CONFIG_NAME,
+    GENERATION_CONFIG_NAME,
+    WEIGHTS_NAME,
+    ModelConfig,
+    eos_token_ids,
+)
 from infer.models.default import DEFAULT_MODEL_NAME, ensure_default_model
-from infer.models.errors import LoadError, eos_token_ids, one_line
+from infer.models.errors import LoadError
 from infer.models.gguf_checkpoint import GGUFCheckpoint
 from infer.models.packaged import PACKAGED_MODELS, assemble
 from infer.models.quant import QuantTensor, quantize
@@ -172,7 +178,7 @@ def download_from_hub(repo_id: str) -> Path:
         reason = "no such model on the hub (or it is private: set HF_TOKEN)"
         raise LoadError(f"cannot download {repo_id!r}: {reason}") from e
     except Exception as e:  # HTTP errors, a full disk...: say what happened, on one line
-        raise LoadError(f"cannot download {repo_id!r} from the hub ({one_line(e)})") from e
+        raise LoadError.caused_by(f"cannot download {repo_id!r} from the hub", e) from e
 
 
 def _model_config(config: dict[str, Any], where: Path) -> ModelConfig:
@@ -256,7 +262,7 @@ def _safetensors_weights(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]
                 try:
                     tensor = f.get_tensor(name)
                 except SafetensorError as e:
-                    raise LoadError(f"corrupt safetensors file {file} ({one_line(e)})") from e
+                    raise LoadError.caused_by(f"corrupt safetensors file {file}", e) from e
                 yield name, tensor
 
 
@@ -264,21 +270,21 @@ def _open_safetensors(file: Path) -> Any:
     try:
         return safe_open(file, framework="pt", device="cpu")
     except SafetensorError as e:
-        raise LoadError(f"corrupt or truncated safetensors file {file} ({one_line(e)})") from e
+        raise LoadError.caused_by(f"corrupt or truncated safetensors file {file}", e) from e
 
 
 def _load_tokenizer(path: Path) -> PreTrainedTokenizerBase:
     try:
         return AutoTokenizer.from_pretrained(path)
     except Exception as e:  # missing files, bad JSON, missing sentencepiece: all one story
-        raise LoadError(f"cannot load the tokenizer from {path} ({one_line(e)})") from e
+        raise LoadError.caused_by(f"cannot load the tokenizer from {path}", e) from e
 
 
 def _read_json(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise LoadError(f"cannot read {path} ({one_line(e)})") from e
+        raise LoadError.caused_by(f"cannot read {path}", e) from e
     if not isinstance(data, dict):
         raise LoadError(f"{path} does not hold a JSON object")
     return data
