@@ -1,4 +1,4 @@
-"""Cost of the logits step (infer/engine/logits.py) at batch 16 on SmolLM2's vocabulary.
+"""Cost of the logits step (infer/engine/logit_processors.py) at batch 16 on SmolLM2's vocabulary.
 
     python bench/logits_step.py
 
@@ -18,9 +18,9 @@ from transformers import AutoTokenizer
 
 import infer  # noqa: F401  (sets OMP_WAIT_POLICY before torch threads start)
 from infer.engine.grammar import GrammarCompiler
-from infer.engine.logits import process_logits
+from infer.engine.logit_processors import process_logits
+from infer.engine.params import SamplingParams
 from infer.engine.request import Request
-from infer.engine.sampling import SamplingParams
 from infer.models.default import ensure_default_model
 
 BATCH, VOCAB, STEPS = 16, 49152, 60

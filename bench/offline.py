@@ -25,7 +25,7 @@ from infer.bench.workloads import BenchRequest, PromptSource, mixed_requests
 from infer.engine.config import DTYPES, WEIGHT_MODES, EngineConfig
 from infer.engine.engine import Engine
 from infer.engine.generate import generate
-from infer.engine.sampling import SamplingParams
+from infer.engine.params import SamplingParams
 from infer.models.default import ensure_default_model
 from infer.models.loader import LoadedModel, load_model
 

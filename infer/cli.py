@@ -17,8 +17,8 @@ from pydantic import ValidationError
 from infer.engine.config import DTYPES, EngineConfig
 from infer.engine.detokenizer import IncrementalDetokenizer
 from infer.engine.generate import generate
+from infer.engine.params import DEFAULT_MAX_TOKENS, SamplingParams
 from infer.engine.prompts import encode_prompt
-from infer.engine.sampling import DEFAULT_MAX_TOKENS, SamplingParams
 from infer.models.loader import DEFAULT_SOURCE, LoadedModel, LoadError, load_model
 
 EXIT_USAGE = 2  # argparse's code for bad arguments; also ours for bad models and parameters

@@ -26,8 +26,8 @@ from torch import Tensor
 from infer.bench.metrics import RequestResult
 from infer.bench.workloads import BenchRequest, Workload
 from infer.engine.generate import generate
+from infer.engine.params import SamplingParams
 from infer.engine.runner import forward_sequence
-from infer.engine.sampling import SamplingParams
 from infer.models.kv_cache import PagedKVCache
 from infer.models.loader import LoadedModel
 

@@ -20,7 +20,8 @@ from transformers import PreTrainedTokenizerBase
 from infer.engine.block_manager import BlockManager
 from infer.engine.config import DTYPES, EngineConfig
 from infer.engine.detokenizer import IncrementalDetokenizer
-from infer.engine.logits import process_logits
+from infer.engine.logit_processors import process_logits
+from infer.engine.params import SamplingParams
 from infer.engine.prompts import encode_prompt
 from infer.engine.request import (
     ErrorCode,
@@ -34,7 +35,6 @@ from infer.engine.request import (
 )
 from infer.engine.runner import ModelRunner, PromptRows, RunnerOutput
 from infer.engine.sampler import make_generator, ranked_logprobs, sample, token_logprobs
-from infer.engine.sampling import SamplingParams
 from infer.engine.scheduler import Clock, Scheduler, SchedulerOutput, make_scheduler
 from infer.models.base import CausalLM
 from infer.models.context import AttnCapture

@@ -10,9 +10,9 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
+from infer.engine.params import SamplingParams
 from infer.engine.runner import forward_sequence
 from infer.engine.sampler import make_generator, sample_token
-from infer.engine.sampling import SamplingParams
 from infer.models.base import CausalLM
 from infer.models.kv_cache import PagedKVCache
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from infer.engine.detokenizer import IncrementalDetokenizer
-from infer.engine.sampling import SamplingParams
+from infer.engine.params import SamplingParams
 
 if TYPE_CHECKING:
     from infer.engine.grammar import GrammarState

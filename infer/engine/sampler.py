@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from infer import kernels
-from infer.engine.sampling import SamplingParams
+from infer.engine.params import SamplingParams
 
 # Top-p first looks for its nucleus among this many most likely tokens.
 _NUCLEUS_CANDIDATES = 256

@@ -21,9 +21,9 @@ from infer.api import tools
 from infer.api.reasoning import Thinking, thinking, with_reasoning
 from infer.api.tools import ToolPlan
 from infer.engine.engine import Engine, QueueFullError
+from infer.engine.params import SamplingParams
 from infer.engine.prompts import PromptError, encode_prompt
 from infer.engine.request import ErrorCode, TraceSpec
-from infer.engine.sampling import SamplingParams
 from infer.server.asgi import on_request_end
 from infer.server.errors import APIError
 from infer.server.schemas import ChatMessage, SamplingFields

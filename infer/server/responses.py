@@ -21,8 +21,8 @@ from quart import Blueprint, Response, jsonify
 from infer.api import responses
 from infer.api.chat import ReplyParser
 from infer.api.responses import ResponseBuilder, Status
+from infer.engine.params import DEFAULT_MAX_TOKENS
 from infer.engine.request import ErrorCode, FinishReason, StepOutput
-from infer.engine.sampling import DEFAULT_MAX_TOKENS
 from infer.server import sse
 from infer.server.admission import Prompt, admit, parse_body
 from infer.server.errors import APIError

@@ -22,8 +22,8 @@ from quart_trio import QuartTrio
 from infer.api import native, openai
 from infer.api.chat import ReplyParser
 from infer.api.tools import Mode, Tool, ToolPlan, tool_format
+from infer.engine.params import DEFAULT_MAX_TOKENS
 from infer.engine.request import ErrorCode, StepOutput, TraceSpec
-from infer.engine.sampling import DEFAULT_MAX_TOKENS
 from infer.server import resume, sse
 from infer.server.admission import Prompt, admit, check_model, encode, parse_body
 from infer.server.errors import APIError

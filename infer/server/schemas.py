@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, cast
 import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, model_validator
 
-from infer.engine.sampling import (
+from infer.engine.params import (
     MAX_LOGPROBS,
     Bias,
     Logprobs,

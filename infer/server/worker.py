@@ -25,8 +25,8 @@ import torch
 import trio
 
 from infer.engine.engine import Engine, QueueFullError
+from infer.engine.params import SamplingParams
 from infer.engine.request import ErrorCode, StepOutput, TraceSpec
-from infer.engine.sampling import SamplingParams
 from infer.server.metrics import Metrics
 from infer.server.stream import RequestStream
 

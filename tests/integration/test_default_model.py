@@ -12,8 +12,8 @@ from transformers import PreTrainedModel
 
 from infer import cli, kernels
 from infer.engine.generate import generate
+from infer.engine.params import SamplingParams
 from infer.engine.prompts import encode_prompt
-from infer.engine.sampling import SamplingParams
 from infer.models.default import default_gguf_path
 from infer.models.linear import QuantGatedLinear, QuantLinear
 from infer.models.loader import LoadedModel, load_model

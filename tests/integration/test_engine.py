@@ -12,8 +12,8 @@ import torch
 from infer.engine.config import EngineConfig
 from infer.engine.engine import Engine, QueueFullError
 from infer.engine.generate import generate
+from infer.engine.params import SamplingParams
 from infer.engine.request import ErrorCode, FinishReason, StepOutput
-from infer.engine.sampling import SamplingParams
 
 GREEDY = SamplingParams(max_new_tokens=12, temperature=0.0, ignore_eos=True)
 SEEDED = SamplingParams(

@@ -9,8 +9,8 @@ import trio
 
 from infer.engine.config import EngineConfig
 from infer.engine.engine import Engine, QueueFullError
+from infer.engine.params import SamplingParams
 from infer.engine.request import ErrorCode, FinishReason, StepOutput, TraceSpec
-from infer.engine.sampling import SamplingParams
 from infer.server.config import ServerConfig
 from infer.server.stream import SLOW_CLIENT, RequestStream
 from infer.server.worker import EngineWorker, SettlePolicy, WorkerStoppedError

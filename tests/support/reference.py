@@ -13,8 +13,8 @@ import torch
 from torch import Tensor
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
+from infer.engine.params import SamplingParams
 from infer.engine.sampler import _candidates
-from infer.engine.sampling import SamplingParams
 
 
 def apply_top_k(logits: Tensor, k: int) -> Tensor:

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from infer.engine.grammar import GrammarCompiler
-from infer.engine.logits import output_counts, process_logits
+from infer.engine.logit_processors import output_counts, process_logits
+from infer.engine.params import SamplingParams
 from infer.engine.request import Request
 from infer.engine.sampler import sample
-from infer.engine.sampling import SamplingParams
 
 
 def _req(output_ids: list[int] = (), **params) -> Request:  # type: ignore[assignment]

@@ -14,9 +14,9 @@ from safetensors import safe_open
 from infer import kernels
 from infer.engine.block_manager import BlockManager
 from infer.engine.config import EngineConfig
+from infer.engine.params import SamplingParams
 from infer.engine.request import Request
 from infer.engine.runner import ModelRunner
-from infer.engine.sampling import SamplingParams
 from infer.engine.scheduler import PrefillChunk, SchedulerOutput
 from infer.models.base import CausalLM
 from infer.models.config import ModelConfig

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from infer import kernels
+from infer.engine.params import SamplingParams
 from infer.engine.sampler import (
     _sample_row,
     apply_repetition_penalty,
@@ -18,7 +19,6 @@ from infer.engine.sampler import (
     sample_token,
     token_logprobs,
 )
-from infer.engine.sampling import SamplingParams
 from support.reference import apply_top_k, apply_top_p, sampling_probs
 
 GREEDY = SamplingParams(temperature=0.0)

@@ -9,8 +9,8 @@ import pytest
 
 from infer.engine.block_manager import BlockManager
 from infer.engine.config import EngineConfig
+from infer.engine.params import SamplingParams
 from infer.engine.request import FinishReason, Request, RequestStatus
-from infer.engine.sampling import SamplingParams
 from infer.engine.scheduler import ContinuousScheduler, StaticScheduler, make_scheduler
 
 

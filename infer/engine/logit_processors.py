@@ -18,8 +18,8 @@ import torch
 from torch import Tensor
 
 from infer.engine.grammar import allocate_bitmask, apply_bitmask
+from infer.engine.params import SamplingParams
 from infer.engine.request import Request
-from infer.engine.sampling import SamplingParams
 
 
 def needs_processing(params: SamplingParams) -> bool:
