@@ -1,15 +1,20 @@
 """Small C++ kernels, compiled once per machine with ``torch.utils.cpp_extension``.
 
 The build lands in ``~/.cache/infer/kernels/<key>`` (``INFER_KERNEL_DIR`` overrides it),
-keyed by the sources, torch's version and the CPU's instruction set, since it is compiled
-with ``-march=native``. ``make`` builds it before tests and serving (``python -m
-infer.kernels``); the first import builds it otherwise, which takes about a minute.
+keyed by the sources, torch's and Python's versions and the CPU's instruction set, since it
+is compiled with ``-march=native``. ``make`` builds it before tests and serving (``python -m
+infer.kernels``); the first use builds it otherwise, which takes about a minute. Once built,
+a process imports the library directly, without ``cpp_extension.load`` (which would run
+ninja, and rebuild for another copy of the same sources, such as an installed wheel's).
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
+import shutil
+import sysconfig
 import threading
 from functools import cache
 from pathlib import Path
@@ -28,6 +33,8 @@ SOURCES = (
     "decode_stack.cpp",
 )
 HEADERS = ("ops.h", "vec.h")
+NAME = "infer_kernels"
+LIBRARY = f"{NAME}.so"  # what ``cpp_extension.load`` links in the build directory
 CFLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fno-trapping-math", "-fopenmp")
 _lock = threading.Lock()
 
@@ -48,7 +55,9 @@ def build_dir() -> Path:
     here = Path(__file__).parent
     for name in SOURCES + HEADERS:
         digest.update((here / name).read_bytes())
-    digest.update(" ".join((torch.__version__, *CFLAGS, _cpu_flags())).encode())
+    # EXT_SUFFIX names the Python version and ABI the bindings are compiled against.
+    abi = str(sysconfig.get_config_var("EXT_SUFFIX"))
+    digest.update(" ".join((torch.__version__, abi, *CFLAGS, _cpu_flags())).encode())
     root = Path(os.environ.get("INFER_KERNEL_DIR", Path.home() / ".cache" / "infer" / "kernels"))
     return root / digest.hexdigest()[:16]
 
@@ -67,17 +76,48 @@ def has_quant() -> bool:
 
 @cache
 def ops() -> ModuleType:
-    """The compiled kernels (built on first use; later processes load the cached build)."""
+    """The compiled kernels (built on first use; later processes import the cached build)."""
+    directory = build_dir()
+    library = directory / LIBRARY
+    with _lock:
+        # ``lock`` is load's own baton: while it exists, a process is building (or linking)
+        # here, and load waits for it.
+        if library.is_file() and not (directory / "lock").exists():
+            try:
+                return _import(library)
+            except ImportError:
+                library.unlink(missing_ok=True)  # a broken link: build it again
+        return _build(directory)
+
+
+def _import(library: Path) -> ModuleType:
+    """Import a built library (torch, already imported, provides the symbols it links)."""
+    spec = importlib.util.spec_from_file_location(NAME, library)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {library}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _build(directory: Path) -> ModuleType:
     from torch.utils.cpp_extension import load
 
+    if shutil.which("ninja") is None:
+        # torch runs ``ninja`` from PATH; the ``ninja`` package (a dependency) puts it beside
+        # the interpreter, which is on PATH only in an activated venv.
+        try:
+            import ninja
+
+            os.environ["PATH"] = os.pathsep.join((os.environ.get("PATH", ""), ninja.BIN_DIR))
+        except ImportError:
+            pass  # load says: "Ninja is required to load C++ extensions"
     here = Path(__file__).parent
-    directory = build_dir()
     directory.mkdir(parents=True, exist_ok=True)
-    with _lock:
-        return load(
-            name="infer_kernels",
-            sources=[str(here / name) for name in SOURCES],
-            extra_cflags=list(CFLAGS),
-            build_directory=str(directory),
-            verbose=False,
-        )
+    return load(
+        name=NAME,
+        sources=[str(here / name) for name in SOURCES],
+        extra_cflags=list(CFLAGS),
+        build_directory=str(directory),
+        verbose=False,
+    )

@@ -1,12 +1,15 @@
 """Frozen linear layers in the fastest form this machine runs: packed once, at load time.
 
 On a CPU with AVX512-BF16, bf16 weights go through our kernel (``infer/kernels/linear.cpp``);
-elsewhere oneDNN holds them pre-packed; otherwise they stay ``nn.Linear``. Quantized weights
+elsewhere oneDNN holds them pre-packed, where this torch has its (private) packed-linear ops;
+otherwise they stay ``nn.Linear`` (``F.linear`` on the plain weight). Quantized weights
 (a GGUF file's, or ``--weights int8/int4``) stay quantized in :class:`QuantLinear` on a CPU with
 AVX512-VNNI (``infer/kernels/quant_linear.cpp``), and are dequantized at load elsewhere.
 """
 
 from __future__ import annotations
+
+from functools import cache
 
 import torch
 from torch import Tensor, nn
@@ -69,8 +72,7 @@ class QuantLinear(nn.Module):
 
 class QuantEmbedding(nn.Module):
     """An embedding table kept quantized: rows are dequantized as they are looked up, to the
-    same numbers a dequantized table holds (4-bit values two to a byte: the 1.5B Qwen's
-    Q4_K table takes 135 MB instead of 467 MB in bf16)."""
+    same numbers a dequantized table holds (4-bit values two to a byte)."""
 
     def __init__(self, table: QuantTensor, dtype: torch.dtype) -> None:
         super().__init__()
@@ -127,16 +129,31 @@ def concat_linear(*parts: nn.Module) -> nn.Module:
 
 
 # oneDNN picks its blocked weight layout for a typical row count; 64 measured best across
-# 1, 16 and 64 rows here (a layout packed for 1 row is 30% slower at 16).
+# decode's row counts (bench/results/LOG.md).
 _PACK_ROWS_HINT = 64
 
 
+@cache
+def mkldnn_linear() -> bool:
+    """Whether this torch has oneDNN and its packed-linear ops (private: not every torch
+    that ``torch>=2.6`` admits need have them)."""
+    try:
+        mkldnn = torch.ops.mkldnn
+        return (
+            torch.backends.mkldnn.is_available()
+            and hasattr(mkldnn, "_reorder_linear_weight")
+            and hasattr(mkldnn, "_linear_pointwise")
+        )
+    except Exception:  # an op namespace that fails to load is as good as missing
+        return False
+
+
 def can_pack(weight: Tensor) -> bool:
-    """Whether oneDNN can hold ``weight`` pre-packed (CPU, bf16 or fp32)."""
+    """Whether oneDNN can hold ``weight`` pre-packed (CPU, bf16 or fp32, the ops present)."""
     return (
         weight.device.type == "cpu"
         and weight.dtype in (torch.bfloat16, torch.float32)
-        and torch.backends.mkldnn.is_available()
+        and mkldnn_linear()
     )
 
 
@@ -144,9 +161,8 @@ class PackedLinear(nn.Module):
     """A frozen ``Linear`` whose weight oneDNN reordered once, at load time.
 
     An eager bf16 ``F.linear`` on CPU reorders the weight into oneDNN's blocked layout on
-    every call; for the small row counts of decode that copy costs as much as the matmul
-    (the model's linears at 1 row: 18.4 ms eager vs 9.5 ms packed, one thread). This is
-    the layout inductor's weight freezing produces, without compiling anything.
+    every call; for the small row counts of decode that copy costs as much as the matmul.
+    This is the layout inductor's weight freezing produces, without compiling anything.
     """
 
     def __init__(self, weight: Tensor, bias: Tensor | None) -> None:
@@ -154,10 +170,6 @@ class PackedLinear(nn.Module):
         self.out_features, self.in_features = weight.shape
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), _PACK_ROWS_HINT)
         self.bias = bias
-
-    @classmethod
-    def from_linear(cls, linear: nn.Linear) -> PackedLinear:
-        return cls(linear.weight, linear.bias)
 
     def forward(self, x: Tensor) -> Tensor:
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
@@ -171,9 +183,9 @@ def bf16_kernels(x: Tensor) -> bool:
 class Bf16Linear(nn.Module):
     """A frozen bf16 ``Linear`` run by our AVX512-BF16 kernel (``infer/kernels/linear.cpp``).
 
-    At decode's row counts it beats oneDNN's packed linear (the model's linears at 1 row:
-    8.9 vs 19.3 ms; 16 rows: 15.8 vs 19.9; 64 rows: 42.7 vs 50.5) and matches it at 1024.
-    Each output is accumulated in the same order whatever the number of rows.
+    At decode's row counts it beats oneDNN's packed linear, and matches it at 1024 rows
+    (bench/results/LOG.md). Each output is accumulated in the same order whatever the number
+    of rows.
     """
 
     def __init__(self, weight: Tensor, bias: Tensor | None) -> None:
@@ -194,8 +206,7 @@ class Bf16GatedLinear(nn.Module):
     64-column tile of the kernel holds 32 gate and the matching 32 up columns: it applies the
     activation to the float accumulators and writes only the product. That saves the
     ``[rows, 2 * intermediate]`` bf16 write and its reread by a separate activation pass, and
-    rounds once instead of three times: 30 layers' projection and activation at 1024 rows,
-    298-301 -> 266-272 ms; 64 rows, 18.0-18.4 -> 17.2-17.8 ms.
+    rounds once instead of three times.
     """
 
     def __init__(self, gate_up: nn.Linear, gelu: bool) -> None:
