@@ -108,7 +108,7 @@ class GGUFCheckpoint:
     def tokenizer(self) -> PreTrainedTokenizerBase:
         """The tokenizer (and chat template) stored in the file's metadata.
 
-        Building it parses the whole vocabulary again (15 s for Qwen2.5's 151k tokens), so
+        Building it parses the whole vocabulary again (slow for Qwen2.5's 151k tokens), so
         the result is saved under ``$INFER_CACHE_DIR/tokenizers/`` and later loads read that.
         """
         saved = cache_dir() / "tokenizers" / file_key(self.path)

@@ -1,9 +1,9 @@
-"""A GGUF file's metadata and tensors, read in a fraction of a second.
+"""A GGUF file's metadata and tensors, read without building its long arrays.
 
-``gguf.GGUFReader`` builds a numpy view of every element of every metadata array: for a
-151k-token vocabulary and its merges that takes 12 s. We need the scalars and short arrays;
-long arrays (the vocabulary, the merges) are skipped by their lengths, and the tokenizer is
-built from the file by transformers once and then cached. Tensor data stays a memory map.
+``gguf.GGUFReader`` builds a numpy view of every element of every metadata array: slow for a
+151k-token vocabulary and its merges. We need the scalars and short arrays; long arrays (the
+vocabulary, the merges) are skipped by their lengths, and the tokenizer is built from the file
+by transformers once and then cached. Tensor data stays a memory map.
 """
 
 from __future__ import annotations

@@ -226,8 +226,8 @@ def _create(
 def _release_freed_memory() -> None:
     """Hand the load's freed transients (dequantized and unpacked copies) back to the OS.
 
-    glibc keeps them otherwise: the 1.5B Qwen GGUF held 2.9 GB resident after loading, 2.1 GB
-    after ``malloc_trim``. A no-op where the C library is not glibc.
+    glibc otherwise keeps them, and the process stays that much larger after loading. A
+    no-op where the C library is not glibc.
     """
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
