@@ -45,7 +45,7 @@ class CausalLM(nn.Module, ABC):
     """Base class: a family overrides ``make_layer`` and, if it needs to, the class knobs.
 
     The forward serves every caller: a plain prefill (no cache), a ragged batch of prefill
-    chunks or decode tokens over a :class:`KVCache`, and attention inspection.
+    chunks or decode tokens over a :class:`PagedKVCache`, and attention inspection.
     """
 
     norm_offset: float = 0.0  # Gemma stores norm weights as (w - 1)
