@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from infer.engine.request import ErrorCode, StepOutput
+from infer.engine.request import FinishReason, StepOutput
 
 Event = tuple[dict[str, Any], str]  # payload, event name
 
@@ -24,14 +24,11 @@ def started(request_id: str, model: str, created: int) -> Event:
     }, "started"
 
 
-def events(
-    out: StepOutput, usage: dict[str, Any], rate: dict[str, Any] | None = None
-) -> list[Event]:
-    """The events of one output; the last one is terminal if the request ended.
+def events(out: StepOutput, rate: dict[str, Any] | None = None) -> list[Event]:
+    """The events of one output, before the terminal one (:func:`done`, :func:`error`).
 
     Args:
         out: The output.
-        usage: The request's token counts so far (for the terminal event).
         rate: A :func:`metrics` payload to send after the token (when one is due).
     """
     result: list[Event] = []
@@ -45,8 +42,6 @@ def events(
         result.append(({"i": i, **out.trace}, "trace"))
     if rate is not None:
         result.append((rate, "metrics"))
-    if out.outcome is not None:
-        result.append(terminal(out, usage))
     return result
 
 
@@ -56,18 +51,17 @@ def metrics_due(out: StepOutput, every: int | None) -> bool:
     return bool(every and out.num_tokens and tokens // every > (tokens - out.num_tokens) // every)
 
 
-def terminal(out: StepOutput, usage: dict[str, Any]) -> Event:
-    """``done`` with the finish reason, or ``error`` with the code."""
-    outcome = out.outcome
-    if isinstance(outcome, ErrorCode):
-        return {
-            "code": outcome.name,
-            "message": out.message or outcome.message,
-            "retryable": outcome.retryable,
-            "usage": usage,
-        }, "error"
-    assert outcome is not None  # only the last output is terminal
-    return {"finish_reason": outcome.value, "usage": usage}, "done"
+def done(reason: FinishReason, usage: dict[str, Any]) -> Event:
+    """The terminal event of a request that finished."""
+    return {"finish_reason": reason.value, "usage": usage}, "done"
+
+
+def error(name: str, message: str, retryable: bool, usage: dict[str, Any] | None) -> Event:
+    """The terminal event of a request that failed (``usage``: what it had made, if known)."""
+    payload: dict[str, Any] = {"code": name, "message": message, "retryable": retryable}
+    if usage is not None:
+        payload["usage"] = usage
+    return payload, "error"
 
 
 def metrics(

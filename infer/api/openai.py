@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from infer.api.chat import ReplyParser
-from infer.engine.request import ErrorCode, FinishReason, PromptLogprob, StepOutput
+from infer.engine.request import Failure, FinishReason, Outcome, PromptLogprob, StepOutput
 
 
 @dataclass(frozen=True)
@@ -51,14 +51,12 @@ class Head:
         return "chat.completion.chunk" if self.chat else "text_completion"
 
 
-def finish_reason(
-    outcome: FinishReason | ErrorCode, reply: ReplyParser | None = None
-) -> str | None:
+def finish_reason(outcome: Outcome, reply: ReplyParser | None = None) -> str | None:
     """The ``finish_reason`` a choice that ended so reports; ``None`` for an error. A reply
     that ended by itself after complete tool calls finishes with ``tool_calls``; one cut
     short (``length``) does not, whatever it had begun."""
-    if isinstance(outcome, ErrorCode):
-        return "length" if outcome is ErrorCode.TIMEOUT else None
+    if isinstance(outcome, Failure):
+        return "length" if outcome is Failure.TIMEOUT else None
     if outcome is not FinishReason.LENGTH and reply is not None and reply.calls:
         return "tool_calls"
     return "stop" if outcome is FinishReason.EOS else outcome.value
@@ -96,7 +94,7 @@ def output_chunks(
     head: Head, index: int, out: StepOutput, reply: ReplyParser | None = None, offset: int = 0
 ) -> list[dict[str, Any]]:
     """The chunks of one output: its text (with log-probabilities), then, on a choice's last
-    output, its finish. An output that ends in an error gives an error object instead.
+    output, its finish (an output that ends in an error is answered by :func:`error_chunk`).
     ``offset`` is the length of the echoed prompt before the generated text.
 
     A chat reply read by ``reply`` (reasoning, tool calls) gives what that parser makes of
@@ -116,19 +114,13 @@ def output_chunks(
         chunks.append(chunk(head, index, delta or ({} if head.chat else ""), logprobs=logprobs))
     if out.outcome is not None:
         reason = finish_reason(out.outcome, reply)
-        if reason is None:
-            assert isinstance(out.outcome, ErrorCode)  # only errors have no finish reason
-            chunks.append(error_chunk(out.outcome, out.message))
-        else:
-            chunks.append(chunk(head, index, {} if head.chat else "", reason))
+        chunks.append(chunk(head, index, {} if head.chat else "", reason))
     return chunks
 
 
-def error_chunk(code: ErrorCode, message: str | None = None) -> dict[str, Any]:
+def error_chunk(code: str, message: str) -> dict[str, Any]:
     """The error object a stream sends before ``[DONE]`` when it fails part-way."""
-    return {
-        "error": {"message": message or code.message, "type": "server_error", "code": code.value}
-    }
+    return {"error": {"message": message, "type": "server_error", "code": code}}
 
 
 def usage_chunk(head: Head, usage: dict[str, Any]) -> dict[str, Any]:

@@ -119,6 +119,42 @@ def tool_response_text(content: str) -> str:
     return f"<tool_response>\n{content}\n</tool_response>"
 
 
+def template_turns(messages: Sequence[Any], plan: ToolPlan | None = None) -> list[dict[str, Any]]:
+    """Chat messages (the server's validated ``ChatMessage``) as the template takes them.
+
+    A template that knows no tools (``generic``) gets them described in the system message,
+    earlier calls written out in the assistant's turns, and tool results as user turns.
+    """
+    generic = plan is not None and plan.format == "generic"
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        turn: dict[str, Any] = {"role": m.role, "content": m.text()}
+        calls = [(c.id, c.function.name, c.function.arguments_object()) for c in m.tool_calls or []]
+        if calls and generic:
+            written = [call_text("generic", n, json.dumps(a)) for _, n, a in calls]
+            turn["content"] = "\n".join(([turn["content"]] if turn["content"] else []) + written)
+        elif calls:
+            turn["tool_calls"] = [
+                {"id": id_, "type": "function", "function": {"name": name, "arguments": args}}
+                for id_, name, args in calls
+            ]
+        if m.role == "tool" and generic:
+            turn = {"role": "user", "content": tool_response_text(turn["content"])}
+        elif m.role == "tool":
+            turn["tool_call_id"] = m.tool_call_id
+            if m.name:
+                turn["name"] = m.name
+        out.append(turn)
+    if generic:
+        assert plan is not None
+        described = generic_system_prompt(plan.tools)
+        if out and out[0]["role"] in ("system", "developer"):
+            out[0] = {**out[0], "content": f"{out[0]['content']}\n\n{described}"}
+        else:
+            out.insert(0, {"role": "system", "content": described})
+    return out
+
+
 def new_call_id() -> str:
     return "call_" + secrets.token_hex(12)
 

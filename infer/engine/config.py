@@ -31,7 +31,7 @@ class EngineConfig:
         device: Torch device string.
         max_seq_len: Longest prompt + completion a request may have.
         max_batch_size: Most requests that run together in one forward.
-        max_waiting_requests: Queue length past which ``add_request`` refuses (503).
+        max_waiting_requests: Requests the server lets wait to run before it refuses more (503).
         batching_mode: ``"continuous"`` (admit and retire every step) or ``"static"``
             (a batch runs to completion before the next is formed).
         batch_wait_timeout_s: Static mode: how long to wait for a batch to fill.

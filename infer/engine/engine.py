@@ -24,11 +24,13 @@ from infer.engine.logit_processors import process_logits
 from infer.engine.params import SamplingParams
 from infer.engine.prompts import encode_prompt
 from infer.engine.request import (
-    ErrorCode,
+    Failure,
     FinishReason,
     Logprobs,
     PromptLogprob,
+    Refusal,
     Request,
+    RequestError,
     RequestStatus,
     StepOutput,
     TraceSpec,
@@ -41,10 +43,6 @@ from infer.models.context import AttnCapture
 from infer.models.kv_cache import PagedKVCache
 
 log = logging.getLogger("infer.engine")
-
-
-class QueueFullError(Exception):
-    """``max_waiting_requests`` requests are already waiting (answer 503)."""
 
 
 class Engine:
@@ -71,7 +69,6 @@ class Engine:
         self.scheduler: Scheduler = make_scheduler(config, self.blocks, clock)
         self.runner = ModelRunner(model, config, self.blocks)
         self._ids = itertools.count()
-        self._aborts: list[tuple[str, ErrorCode]] = []
         # With an engine seed, requests that bring none still sample reproducibly.
         self._seeds = random.Random(config.seed) if config.seed is not None else None
 
@@ -108,43 +105,67 @@ class Engine:
         request_id: str | None = None,
         trace: TraceSpec | None = None,
     ) -> Request:
-        """Tokenize (if needed), check and queue a request.
+        """Encode (text), check and queue a request.
 
         Raises:
-            ValueError: The prompt is empty, has ids outside the vocabulary, or prompt +
-                ``max_new_tokens`` exceeds ``max_seq_len``; a trace names a missing layer.
-            QueueFullError: Too many requests are waiting.
+            RequestError: The prompt is empty or has ids outside the vocabulary, or
+                :meth:`check` refuses it.
         """
         ids = encode_prompt(self.tokenizer, self.model.config.vocab_size, prompt)
-        self.check_length(len(ids), params.max_new_tokens)
-        n_layers = self.model.config.num_hidden_layers
-        if trace is not None and trace.layer is not None and not 0 <= trace.layer < n_layers:
-            raise ValueError(f"trace layer must be in [0, {n_layers - 1}], got {trace.layer}")
+        self.check(len(ids), params.max_new_tokens, trace)
+        return self.queue(ids, params, request_id, trace)
+
+    def check(self, prompt_len: int, max_new_tokens: int, trace: TraceSpec | None) -> None:
+        """Refuse a request that cannot fit in ``max_seq_len`` or traces a missing layer.
+
+        Raises:
+            RequestError: ``CONTEXT_LENGTH_EXCEEDED`` or ``INVALID_VALUE``.
+        """
+        if prompt_len + max_new_tokens > self.config.max_seq_len:
+            raise RequestError(
+                Refusal.CONTEXT_LENGTH_EXCEEDED,
+                f"prompt ({prompt_len} tokens) + max_tokens ({max_new_tokens}) exceeds "
+                f"max_seq_len ({self.config.max_seq_len})",
+            )
+        layers = self.model.config.num_hidden_layers
+        if trace is not None and trace.layer is not None and not 0 <= trace.layer < layers:
+            raise RequestError(
+                Refusal.INVALID_VALUE,
+                f"trace.layer must be in [0, {layers - 1}], got {trace.layer}",
+            )
+
+    def queue(
+        self,
+        ids: list[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        trace: TraceSpec | None = None,
+    ) -> Request:
+        """Queue a request whose ids and limits were checked (:meth:`check`)."""
         request = Request(request_id or f"req-{next(self._ids)}", ids, params, trace=trace)
         seed = params.seed
         if seed is None and self._seeds is not None:
             seed = self._seeds.getrandbits(63)
         request.generator = make_generator(seed, self.model.device)
         request.detokenizer = IncrementalDetokenizer(self.tokenizer, ids, stop=params.stop)
-        if not self.scheduler.add_request(request):
-            raise QueueFullError(f"{self.config.max_waiting_requests} requests already waiting")
+        self.scheduler.add_request(request)
         return request
 
-    def check_length(self, prompt_len: int, max_new_tokens: int) -> None:
-        """Raise ``ValueError`` if the request cannot fit in ``max_seq_len``."""
-        if prompt_len + max_new_tokens > self.config.max_seq_len:
-            raise ValueError(
-                f"prompt ({prompt_len} tokens) + max_tokens ({max_new_tokens}) exceeds "
-                f"max_seq_len ({self.config.max_seq_len})"
-            )
+    def abort(self, request_id: str, why: Failure = Failure.CANCELLED) -> StepOutput | None:
+        """End a request now and free its slot; its last output says ``why``.
 
-    def abort(self, request_id: str, why: ErrorCode = ErrorCode.CANCELLED) -> None:
-        """End a request at the next step (its last output says ``why``) and free its slot;
-        unknown or finished ids are ignored."""
-        self._aborts.append((request_id, why))
+        Returns:
+            That output; ``None`` for an unknown or finished id.
+        """
+        req = self.scheduler.find(request_id)
+        if req is None or req.is_finished:
+            return None
+        req.finish(RequestStatus.ABORTED, why)
+        self._release(req)
+        return self._output(req, None, "")
 
     def has_work(self) -> bool:
-        return self.scheduler.has_work() or bool(self._aborts)
+        return self.scheduler.has_work()
 
     def has_prompts(self) -> bool:
         """Whether the next step has prompt tokens to prefill (a prompt waits or is part-way)."""
@@ -185,15 +206,14 @@ class Engine:
 
     def step(self) -> list[StepOutput]:
         """Schedule, run one batched forward (decode + prefill), and turn logits into outputs."""
-        outputs = self._apply_aborts()
         plan = self.scheduler.schedule()
         if plan.is_empty:
-            return outputs
+            return []
         try:
             result = self.runner.run(plan)
         except Exception as e:  # noqa: BLE001 - any forward failure fails this step's requests
-            return outputs + self._fail(plan, e)
-        return outputs + self._process(result)
+            return self._fail(plan, e)
+        return self._process(result)
 
     def _process(self, result: RunnerOutput) -> list[StepOutput]:
         outputs = self._score_prompts(result.prompt_rows)
@@ -322,18 +342,6 @@ class Engine:
     def _text(self, token: int) -> str:
         return str(self.tokenizer.decode([token]))
 
-    def _apply_aborts(self) -> list[StepOutput]:
-        outputs = []
-        aborts, self._aborts = self._aborts, []
-        for request_id, why in aborts:
-            req = self.scheduler.find(request_id)
-            if req is None or req.is_finished:
-                continue
-            req.finish(RequestStatus.ABORTED, why)
-            self._release(req)
-            outputs.append(self._output(req, None, ""))
-        return outputs
-
     def _fail(self, plan: SchedulerOutput, error: Exception) -> list[StepOutput]:
         return self._fail_requests([c.request for c in plan.prefill] + plan.decode, error)
 
@@ -344,7 +352,7 @@ class Engine:
         safe to show (an exception's text may name files, weights or internals).
         """
         oom = isinstance(error, (torch.OutOfMemoryError, MemoryError))
-        code = ErrorCode.OUT_OF_MEMORY if oom else ErrorCode.INFERENCE_FAILED
+        code = Failure.OUT_OF_MEMORY if oom else Failure.INFERENCE_FAILED
         log.error("%s for %s", code.name, ", ".join(r.request_id for r in requests), exc_info=error)
         outputs = []
         for req in requests:

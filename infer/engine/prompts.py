@@ -12,15 +12,7 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from infer.engine.request import ErrorCode
-
-
-class PromptError(ValueError):
-    """A prompt that cannot be encoded; ``code`` says why."""
-
-    def __init__(self, code: ErrorCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
+from infer.engine.request import Refusal, RequestError
 
 
 def render_chat(
@@ -41,12 +33,12 @@ def render_chat(
         template_kwargs: Variables for the template (``enable_thinking``...).
 
     Raises:
-        PromptError: No messages, no chat template, or the template refuses them.
+        RequestError: No messages, no chat template, or the template refuses them.
     """
     if not turns:
-        raise PromptError(ErrorCode.EMPTY_PROMPT, "messages is empty")
+        raise RequestError(Refusal.EMPTY_PROMPT, "messages is empty")
     if not getattr(tokenizer, "chat_template", None):
-        raise PromptError(ErrorCode.NO_CHAT_TEMPLATE, "the model has no chat template")
+        raise RequestError(Refusal.NO_CHAT_TEMPLATE, "the model has no chat template")
     turns = [{**t, "role": "system"} if t["role"] == "developer" else t for t in turns]
     try:
         text = tokenizer.apply_chat_template(
@@ -57,8 +49,8 @@ def render_chat(
             **{k: v for k, v in (template_kwargs or {}).items() if k not in _RESERVED},
         )
     except Exception as e:  # noqa: BLE001 - the template refuses the conversation
-        raise PromptError(
-            ErrorCode.INVALID_MESSAGES, f"messages: the chat template refused them: {e}"[:300]
+        raise RequestError(
+            Refusal.INVALID_MESSAGES, f"messages: the chat template refused them: {e}"[:300]
         ) from None
     return str(text)
 
@@ -99,7 +91,7 @@ def encode_prompt(
         allow_empty: Return no ids for empty text instead of refusing it (counting tokens).
 
     Raises:
-        PromptError: Empty, too large, or ids outside the vocabulary.
+        RequestError: Empty, too large, or ids outside the vocabulary.
     """
     if turns is not None:
         text = render_chat(tokenizer, turns, add_generation_prompt, tools, template_kwargs)
@@ -108,21 +100,21 @@ def encode_prompt(
     else:
         ids = list(prompt or [])
         if any(not isinstance(i, int) or not 0 <= i < vocab_size for i in ids):
-            raise PromptError(
-                ErrorCode.INVALID_VALUE, f"prompt token ids must be integers in [0, {vocab_size})"
+            raise RequestError(
+                Refusal.INVALID_VALUE, f"prompt token ids must be integers in [0, {vocab_size})"
             )
         if not ids and not allow_empty:
-            raise PromptError(ErrorCode.EMPTY_PROMPT, "prompt is empty")
+            raise RequestError(Refusal.EMPTY_PROMPT, "prompt is empty")
         if max_bytes is not None:
             check_size(str(tokenizer.decode(ids)), max_bytes)
         return ids
     if not text and not allow_empty:
-        raise PromptError(ErrorCode.EMPTY_PROMPT, "prompt is empty")
+        raise RequestError(Refusal.EMPTY_PROMPT, "prompt is empty")
     if max_bytes is not None:
         check_size(text, max_bytes)
     ids = tokenizer.encode(text, add_special_tokens=add_special_tokens) if text else []
     if not ids and not allow_empty:  # text that tokenizes to nothing
-        raise PromptError(ErrorCode.EMPTY_PROMPT, "prompt is empty")
+        raise RequestError(Refusal.EMPTY_PROMPT, "prompt is empty")
     return [int(i) for i in ids]
 
 
@@ -130,10 +122,10 @@ def check_size(text: str, max_bytes: int) -> None:
     """Refuse prompt text longer than ``max_bytes`` UTF-8 bytes.
 
     Raises:
-        PromptError: ``PROMPT_TOO_LARGE``.
+        RequestError: ``PROMPT_TOO_LARGE``.
     """
     size = len(text.encode("utf-8", "surrogatepass"))
     if size > max_bytes:
-        raise PromptError(
-            ErrorCode.PROMPT_TOO_LARGE, f"the prompt is {size} bytes; the limit is {max_bytes}"
+        raise RequestError(
+            Refusal.PROMPT_TOO_LARGE, f"the prompt is {size} bytes; the limit is {max_bytes}"
         )

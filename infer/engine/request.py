@@ -39,98 +39,37 @@ class FinishReason(StrEnum):
     LENGTH = "length"  # max_new_tokens reached
 
 
-class ErrorCode(StrEnum):
-    """Every error a client can see, and how it is answered: one place for all of them.
+class Failure(StrEnum):
+    """How a request ended without finishing: stopped by its caller, who says why, or
+    failed in the engine. What a client sees for each is the server's business."""
 
-    Each member is its stable wire code (JSON error bodies carry the value, native stream
-    events the name), its HTTP status, whether a retry may succeed (retryable 503s carry
-    ``Retry-After``), and the message it carries unless a more specific one is given. A
-    request that fails after it started ends with one of these instead of a
-    :class:`FinishReason`; the ones before that are refusals at the HTTP edge.
-    """
+    CANCELLED = "cancelled"  # its caller stopped it (a client left, a shutdown)
+    TIMEOUT = "timeout"  # it reached its time limit
+    OVERLOADED = "overloaded"  # its reader fell too far behind
+    OUT_OF_MEMORY = "out_of_memory"
+    INFERENCE_FAILED = "inference_failed"
 
-    status: int
-    retryable: bool
-    message: str
 
-    def __new__(cls, value: str, status: int, retryable: bool, message: str) -> ErrorCode:
-        member = str.__new__(cls, value)
-        member._value_ = value
-        member.status, member.retryable, member.message = status, retryable, message
-        return member
+Outcome = FinishReason | Failure
 
-    # The end of a request that had started.
-    CANCELLED = "cancelled", 503, True, "the request was cancelled (the server is shutting down)"
-    TIMEOUT = "timeout", 504, False, "the request reached its time limit"
-    OUT_OF_MEMORY = "out_of_memory", 503, True, "out of memory; retry later"
-    INFERENCE_FAILED = "inference_failed", 500, False, "inference failed"
-    INVALID_REQUEST = "invalid_request", 422, False, "the engine refused the request"
-    OVERLOADED = "overloaded", 503, True, "the server is overloaded; retry shortly"
-    SUPERSEDED = "superseded", 409, False, "another connection resumed this request"
-    STOPPED = "stopped", 409, False, "the client stopped the request"
-    # Refusals before a request starts.
-    INVALID_JSON = "invalid_json", 400, False, "malformed JSON body"
-    EMPTY_PROMPT = "empty_prompt", 400, False, "prompt is empty"
-    INVALID_LAST_EVENT_ID = (
-        "invalid_last_event_id",
-        400,
-        False,
-        "Last-Event-ID must be an event id (an integer >= 0)",
-    )
-    INVALID_API_KEY = (
-        "invalid_api_key",
-        401,
-        False,
-        "a valid API key is required (Authorization: Bearer <key>)",
-    )
-    ORIGIN_NOT_ALLOWED = "origin_not_allowed", 403, False, "this origin is not allowed"
-    NOT_FOUND = "not_found", 404, False, "no such route"
-    RESPONSE_NOT_FOUND = (
-        "response_not_found",
-        404,
-        False,
-        "previous_response_id names no stored response (unknown, expired or not stored)",
-    )
-    REQUEST_NOT_FOUND = (
-        "request_not_found",
-        404,
-        False,
-        "request_id names no resumable request (unknown, or forgotten after its window)",
-    )
-    METHOD_NOT_ALLOWED = "method_not_allowed", 405, False, "method not allowed"
-    REQUEST_TIMEOUT = "request_timeout", 408, False, "the request took too long to arrive"
-    REQUEST_ID_CONFLICT = (
-        "request_id_conflict",
-        409,
-        False,
-        "this request_id is in use by another request",
-    )
-    BODY_TOO_LARGE = "body_too_large", 413, False, "the request body is too large"
-    PROMPT_TOO_LARGE = "prompt_too_large", 413, False, "the prompt is too large"
-    INVALID_VALUE = "invalid_value", 422, False, "a field has an invalid value"
-    INVALID_MESSAGES = "invalid_messages", 422, False, "the chat template refused the messages"
-    INVALID_SCHEMA = "invalid_schema", 422, False, "the JSON schema cannot be compiled"
-    NO_CHAT_TEMPLATE = "no_chat_template", 422, False, "the model has no chat template"
-    CONTEXT_LENGTH_EXCEEDED = (
-        "context_length_exceeded",
-        422,
-        False,
-        "prompt + max_tokens exceed the context length",
-    )
-    MODEL_NOT_FOUND = "model_not_found", 422, False, "that model is not served here"
-    RATE_LIMITED = "rate_limited", 429, True, "rate limit exceeded"
-    INTERNAL_ERROR = "internal_error", 500, False, "internal server error"
-    QUEUE_FULL = "queue_full", 503, True, "the server is busy; retry shortly"
-    NOT_READY = "not_ready", 503, True, "the model is still loading"
-    SHUTTING_DOWN = "shutting_down", 503, True, "the server is shutting down"
 
-    @property
-    def finish_reason(self) -> str:
-        """What a request that ends this way counts as in ``infer_requests_total``, and, for a
-        timeout, the ``finish_reason`` an OpenAI response reports instead of an error."""
-        if self in (ErrorCode.CANCELLED, ErrorCode.STOPPED):
-            return "abort"
-        return "length" if self is ErrorCode.TIMEOUT else "error"
+class Refusal(StrEnum):
+    """Why a prompt or a request cannot be taken (:class:`RequestError`)."""
+
+    EMPTY_PROMPT = "empty_prompt"
+    PROMPT_TOO_LARGE = "prompt_too_large"
+    INVALID_VALUE = "invalid_value"  # token ids outside the vocabulary, a missing layer
+    INVALID_MESSAGES = "invalid_messages"  # the chat template refused them
+    NO_CHAT_TEMPLATE = "no_chat_template"
+    CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+
+
+class RequestError(ValueError):
+    """A request the engine cannot take; ``reason`` says why, the message says how."""
+
+    def __init__(self, reason: Refusal, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 @dataclass
@@ -153,7 +92,7 @@ class Request:
 
     status: RequestStatus = RequestStatus.WAITING
     output_ids: list[int] = field(default_factory=list)
-    outcome: FinishReason | ErrorCode | None = None  # set once it has finished
+    outcome: Outcome | None = None  # set once it has finished
     generator: torch.Generator | None = None
     detokenizer: IncrementalDetokenizer | None = None
     text_len: int = 0  # characters of text sent so far
@@ -195,7 +134,7 @@ class Request:
     def is_finished(self) -> bool:
         return self.status.is_finished
 
-    def finish(self, status: RequestStatus, outcome: FinishReason | ErrorCode) -> None:
+    def finish(self, status: RequestStatus, outcome: Outcome) -> None:
         self.status, self.outcome = status, outcome
         self.finish_time = time.monotonic()
 
@@ -231,7 +170,7 @@ class StepOutput:
     request_id: str
     token_id: int | None
     text_delta: str
-    outcome: FinishReason | ErrorCode | None = None  # set on the last output only
+    outcome: Outcome | None = None  # set on the last output only
     message: str | None = None  # an error's client-safe detail (else the code's message)
     prompt_tokens: int = 0
     completion_tokens: int = 0

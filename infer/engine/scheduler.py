@@ -81,12 +81,9 @@ class Scheduler(ABC):
         self.running: list[Request] = []
         self.preemptions = 0
 
-    def add_request(self, request: Request) -> bool:
-        """Queue a request; False when ``max_waiting_requests`` are already waiting."""
-        if len(self.waiting) >= self.config.max_waiting_requests:
-            return False
+    def add_request(self, request: Request) -> None:
+        """Queue a request."""
         self.waiting.append(request)
-        return True
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)

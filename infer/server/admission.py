@@ -1,9 +1,10 @@
 """From an HTTP request to a running :class:`RequestStream`: the one way in for every route.
 
 :func:`parse_body` validates the JSON body against its pydantic model (the only place input
-is checked). :func:`admit` encodes the prompts (in a thread: a chat template renders there
-too), gives each choice its sampling parameters, and submits them to the worker. Every
-refusal is an :class:`APIError` with its :class:`ErrorCode`, counted in the metrics.
+is checked). :func:`admit` checks each limit once, encodes the prompts (in a thread: a chat
+template renders there too), gives each choice its sampling parameters, and submits them to
+the worker. Every refusal is an :class:`APIError` with its :class:`ErrorCode`, counted in the
+metrics.
 """
 
 from __future__ import annotations
@@ -20,16 +21,16 @@ from quart import request
 from infer.api import tools
 from infer.api.reasoning import Thinking, thinking, with_reasoning
 from infer.api.tools import ToolPlan
-from infer.engine.engine import Engine, QueueFullError
+from infer.engine.engine import Engine
 from infer.engine.params import SamplingParams
-from infer.engine.prompts import PromptError, encode_prompt
-from infer.engine.request import ErrorCode, TraceSpec
+from infer.engine.prompts import encode_prompt
+from infer.engine.request import RequestError, TraceSpec
 from infer.server.asgi import on_request_end
-from infer.server.errors import APIError
+from infer.server.errors import APIError, ErrorCode
 from infer.server.schemas import ChatMessage, SamplingFields
 from infer.server.state import ServerState
 from infer.server.stream import RequestStream
-from infer.server.worker import WorkerStoppedError
+from infer.server.worker import QueueFullError
 
 if TYPE_CHECKING:
     from infer.engine.grammar import Grammar, GrammarCompiler
@@ -86,40 +87,6 @@ def check_model(state: ServerState, model: str | None) -> None:
         )
 
 
-def turns(messages: Sequence[ChatMessage], plan: ToolPlan | None = None) -> list[dict[str, Any]]:
-    """Chat messages as the template takes them. A template that knows no tools gets them
-    described in the system message, earlier calls written out in the assistant's turns and
-    tool results as user turns (:func:`~infer.api.tools.generic_system_prompt`)."""
-    generic = plan is not None and plan.format == "generic"
-    out: list[dict[str, Any]] = []
-    for m in messages:
-        turn: dict[str, Any] = {"role": m.role, "content": m.text()}
-        calls = [(c.id, c.function.name, c.function.arguments_object()) for c in m.tool_calls or []]
-        if calls and generic:
-            written = [tools.call_text("generic", n, json.dumps(a)) for _, n, a in calls]
-            turn["content"] = "\n".join(([turn["content"]] if turn["content"] else []) + written)
-        elif calls:
-            turn["tool_calls"] = [
-                {"id": id_, "type": "function", "function": {"name": name, "arguments": args}}
-                for id_, name, args in calls
-            ]
-        if m.role == "tool" and generic:
-            turn = {"role": "user", "content": tools.tool_response_text(turn["content"])}
-        elif m.role == "tool":
-            turn["tool_call_id"] = m.tool_call_id
-            if m.name:
-                turn["name"] = m.name
-        out.append(turn)
-    if generic:
-        assert plan is not None
-        described = tools.generic_system_prompt(plan.tools)
-        if out and out[0]["role"] in ("system", "developer"):
-            out[0] = {**out[0], "content": f"{out[0]['content']}\n\n{described}"}
-        else:
-            out.insert(0, {"role": "system", "content": described})
-    return out
-
-
 @dataclass(frozen=True)
 class Prompt:
     """One prompt of a request: text or token ids, or a conversation (with the tools it
@@ -160,7 +127,7 @@ async def encode(
                 tokenizer,
                 vocab,
                 p.text,
-                turns(p.messages, p.plan) if p.messages is not None else None,
+                tools.template_turns(p.messages, p.plan) if p.messages is not None else None,
                 tools=p.template_tools(),
                 template_kwargs=p.template_kwargs,
                 add_generation_prompt=add_generation_prompt,
@@ -173,8 +140,8 @@ async def encode(
 
     try:
         return await trio.to_thread.run_sync(run)
-    except PromptError as e:
-        raise APIError(e.code, str(e)) from None
+    except RequestError as e:
+        raise refused(e) from None
 
 
 async def compile_format(
@@ -223,6 +190,11 @@ async def compile_format(
     except GrammarError as e:
         where = "tools" if plan is not None else "response_format"
         raise APIError(ErrorCode.INVALID_SCHEMA, f"{where}: {e}") from None
+
+
+def refused(error: RequestError) -> APIError:
+    """The answer to a request the engine cannot take."""
+    return APIError(ErrorCode.of(error.reason), str(error))
 
 
 def _new_compiler(engine: Engine) -> GrammarCompiler:
@@ -291,19 +263,23 @@ async def admit(
     try:
         engine, worker = state.require_ready()
         check_model(state, fields.model)
-        _check_trace(engine, trace)
-        if fields.logit_bias and max(fields.logit_bias) >= engine.model.config.vocab_size:
-            raise APIError(
-                ErrorCode.INVALID_VALUE,
-                f"logit_bias: token ids must be below {engine.model.config.vocab_size}",
-            )
+        vocab = engine.model.config.vocab_size
+        if fields.logit_bias and max(fields.logit_bias) >= vocab:
+            raise APIError(ErrorCode.INVALID_VALUE, f"logit_bias: token ids must be below {vocab}")
         ids = await encode(state, engine, prompts)
         thinking = _thinking(engine, prompts, ids)
         grammar = await compile_format(state, engine, fields, prompts[0].plan, thinking)
         choices: list[list[int]] = []
         params: list[SamplingParams] = []
         for prompt in ids:
-            max_tokens = _max_tokens(engine, len(prompt), fields.limit(), default_max_tokens)
+            limit = fields.limit()
+            room = engine.config.max_seq_len - len(prompt)
+            max_tokens = limit if limit is not None else min(default_max_tokens, room)
+            need = 0 if limit == 0 else max(max_tokens, 1)  # 0 asked for: the prompt is scored
+            try:
+                engine.check(len(prompt), need, trace)
+            except RequestError as e:
+                raise refused(e) from None
             for _ in range(n):
                 choices.append(prompt)
                 params.append(
@@ -324,9 +300,6 @@ async def admit(
             raise APIError(
                 ErrorCode.QUEUE_FULL, f"the server is busy ({e}); retry shortly"
             ) from None
-        except WorkerStoppedError:
-            state.require_ready()
-            raise APIError(ErrorCode.SHUTTING_DOWN) from None
     except APIError as e:
         state.metrics.rejected[e.code.value] += 1
         raise
@@ -343,27 +316,6 @@ def _thinking(engine: Engine, prompts: Sequence[Prompt], ids: list[list[int]]) -
         return None
     template = getattr(engine.tokenizer, "chat_template", None)
     return thinking(template, str(engine.tokenizer.decode(ids[0][-8:])))
-
-
-def _max_tokens(engine: Engine, prompt_len: int, limit: int | None, default: int) -> int:
-    room = engine.config.max_seq_len - prompt_len
-    max_tokens = limit if limit is not None else min(default, room)
-    need = 0 if limit == 0 else max(max_tokens, 1)  # 0 asked for: the prompt is only scored
-    if prompt_len + need > engine.config.max_seq_len:
-        raise APIError(
-            ErrorCode.CONTEXT_LENGTH_EXCEEDED,
-            f"prompt ({prompt_len} tokens) + max_tokens ({need}) "
-            f"exceeds max_seq_len ({engine.config.max_seq_len})",
-        )
-    return max_tokens
-
-
-def _check_trace(engine: Engine, trace: TraceSpec | None) -> None:
-    layers = engine.model.config.num_hidden_layers
-    if trace is not None and trace.layer is not None and trace.layer >= layers:
-        raise APIError(
-            ErrorCode.INVALID_VALUE, f"trace.layer must be in [0, {layers - 1}], got {trace.layer}"
-        )
 
 
 def _timeout(state: ServerState, requested: float | None) -> float | None:

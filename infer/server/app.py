@@ -15,11 +15,12 @@ from quart_trio import QuartTrio
 
 from infer import __version__
 from infer.engine.engine import Engine
-from infer.server import limits, openapi, pages, responses, routes
+from infer.server import limits, native_routes, openai_routes, openapi, pages
 from infer.server.asgi import RequestGuard
 from infer.server.config import ServerConfig
 from infer.server.errors import register_error_handlers
 from infer.server.metrics import CONTENT_TYPE
+from infer.server.schemas import MAX_CHOICES, MAX_LOGPROBS
 from infer.server.state import ServerState, get_state
 
 
@@ -48,11 +49,15 @@ def create_app(config: ServerConfig | None = None, engine: Engine | None = None)
     app.extensions["infer"] = state
     register_error_handlers(app)
     limits.install(app, config)
-    app.register_blueprint(routes.blueprint)
-    app.register_blueprint(responses.blueprint)
+    app.register_blueprint(openai_routes.blueprint)
+    app.register_blueprint(native_routes.blueprint)
     app.register_blueprint(pages.blueprint)
     app.add_url_rule("/health", "health", _health, methods=["GET"])
     app.add_url_rule("/metrics", "metrics", _metrics, methods=["GET"])
+    for path in ("/model_info", "/get_model_info"):
+        app.add_url_rule(path, "model_info", _model_info, methods=["GET"])
+    for path in ("/server_info", "/get_server_info"):
+        app.add_url_rule(path, "server_info", _server_info, methods=["GET"])
     openapi.install(app, __version__)
 
     @app.while_serving
@@ -99,3 +104,55 @@ async def _metrics() -> Response:
         cache=state.engine.cache_stats() if state.engine is not None else None,
     )
     return Response(text, status=200, content_type=CONTENT_TYPE)
+
+
+# What SGLang Model Gateway asks of a worker.
+
+
+async def _model_info() -> Response:
+    """The model, in SGLang's shape (the gateway names its workers' model from it)."""
+    state = get_state()
+    engine, _ = state.require_ready()
+    config = engine.model.config
+    return jsonify(
+        {
+            "model_path": state.config.engine.model,
+            "tokenizer_path": state.config.engine.model,
+            "served_model_name": state.model_name,
+            "is_generation": True,
+            "supports_vision": False,
+            "model_type": config.architecture,
+            "architectures": [config.architecture],
+            "max_context_length": state.max_model_len,
+            "max_req_input_len": state.max_model_len - 1,
+            "vocab_size": config.vocab_size,
+            "num_hidden_layers": config.num_hidden_layers,
+            "num_attention_heads": config.num_attention_heads,
+            "eos_token_ids": sorted(engine.eos_token_ids),
+            "weight_version": "default",
+        }
+    )
+
+
+async def _server_info() -> Response:
+    """The server's limits and version, in SGLang's shape."""
+    state = get_state()
+    engine, _ = state.require_ready()
+    return jsonify(
+        {
+            "model_path": state.config.engine.model,
+            "tokenizer_path": state.config.engine.model,
+            "served_model_name": state.model_name,
+            "served_model_names": list(state.model_names),
+            "context_length": state.max_model_len,
+            "max_running_requests": engine.config.max_batch_size,
+            "max_total_num_tokens": engine.blocks.num_blocks * engine.config.block_size,
+            "page_size": engine.config.block_size,
+            "dtype": engine.config.dtype,
+            "max_inspect_tokens": state.config.max_inspect_tokens,
+            "max_logprobs": MAX_LOGPROBS,
+            "max_choices": MAX_CHOICES,
+            "version": __version__,
+            "backend": "infer",
+        }
+    )

@@ -1,20 +1,23 @@
-"""Errors before a stream starts: one JSON shape, ``{"error": {"message", "type", "code"}}``.
+"""Every error a client can see, and how it is answered: one table, :class:`ErrorCode`.
 
-Every failure a client can see is an :class:`~infer.engine.request.ErrorCode` (its status,
-retryability and message are defined there) and goes through here, so no traceback ever
-reaches a client: an unexpected exception is logged and answered with a generic 500.
+The engine reports its own outcomes (:class:`~infer.engine.request.Failure`,
+:class:`~infer.engine.request.Refusal`); here each, and every refusal at the HTTP edge, gets
+its stable wire code, HTTP status, error type, retryability and message. Errors before a
+stream starts are JSON, ``{"error": {"message", "type", "code"}}``; no traceback ever reaches
+a client: an unexpected exception is logged and answered with a generic 500.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from enum import StrEnum
 from typing import Any
 
 from quart import Quart, Response, jsonify
 from werkzeug.exceptions import HTTPException
 
-from infer.engine.request import ErrorCode
+from infer.engine.request import Failure, Refusal
 
 log = logging.getLogger("infer.server")
 
@@ -27,6 +30,100 @@ ERROR_TYPES = {
     503: "overloaded_error",
 }
 RETRY_AFTER_S = "1"  # what a retryable 503 asks a client to wait
+
+
+class ErrorCode(StrEnum):
+    """Each member is its stable wire code (JSON error bodies carry the value, native stream
+    events the name), its HTTP status, whether a retry may succeed (retryable 503s carry
+    ``Retry-After``), and the message it carries unless a more specific one is given."""
+
+    status: int
+    retryable: bool
+    message: str
+
+    def __new__(cls, value: str, status: int, retryable: bool, message: str) -> ErrorCode:
+        member = str.__new__(cls, value)
+        member._value_ = value
+        member.status, member.retryable, member.message = status, retryable, message
+        return member
+
+    # How a request that had started ends (the engine's failures, and the server's own).
+    CANCELLED = "cancelled", 503, True, "the request was cancelled (the server is shutting down)"
+    TIMEOUT = "timeout", 504, False, "the request reached its time limit"
+    OUT_OF_MEMORY = "out_of_memory", 503, True, "out of memory; retry later"
+    INFERENCE_FAILED = "inference_failed", 500, False, "inference failed"
+    OVERLOADED = "overloaded", 503, True, "the server is overloaded; retry shortly"
+    SUPERSEDED = "superseded", 409, False, "another connection resumed this request"
+    STOPPED = "stopped", 409, False, "the client stopped the request"
+    # Refusals before a request starts (the engine's refusals among them).
+    INVALID_JSON = "invalid_json", 400, False, "malformed JSON body"
+    EMPTY_PROMPT = "empty_prompt", 400, False, "prompt is empty"
+    INVALID_LAST_EVENT_ID = (
+        "invalid_last_event_id",
+        400,
+        False,
+        "Last-Event-ID must be an event id (an integer >= 0)",
+    )
+    INVALID_API_KEY = (
+        "invalid_api_key",
+        401,
+        False,
+        "a valid API key is required (Authorization: Bearer <key>)",
+    )
+    ORIGIN_NOT_ALLOWED = "origin_not_allowed", 403, False, "this origin is not allowed"
+    NOT_FOUND = "not_found", 404, False, "no such route"
+    RESPONSE_NOT_FOUND = (
+        "response_not_found",
+        404,
+        False,
+        "previous_response_id names no stored response (unknown, expired or not stored)",
+    )
+    REQUEST_NOT_FOUND = (
+        "request_not_found",
+        404,
+        False,
+        "request_id names no resumable request (unknown, or forgotten after its window)",
+    )
+    INVALID_REQUEST = "invalid_request", 400, False, "the request is invalid"
+    METHOD_NOT_ALLOWED = "method_not_allowed", 405, False, "method not allowed"
+    REQUEST_TIMEOUT = "request_timeout", 408, False, "the request took too long to arrive"
+    REQUEST_ID_CONFLICT = (
+        "request_id_conflict",
+        409,
+        False,
+        "this request_id is in use by another request",
+    )
+    BODY_TOO_LARGE = "body_too_large", 413, False, "the request body is too large"
+    PROMPT_TOO_LARGE = "prompt_too_large", 413, False, "the prompt is too large"
+    INVALID_VALUE = "invalid_value", 422, False, "a field has an invalid value"
+    INVALID_MESSAGES = "invalid_messages", 422, False, "the chat template refused the messages"
+    INVALID_SCHEMA = "invalid_schema", 422, False, "the JSON schema cannot be compiled"
+    NO_CHAT_TEMPLATE = "no_chat_template", 422, False, "the model has no chat template"
+    CONTEXT_LENGTH_EXCEEDED = (
+        "context_length_exceeded",
+        422,
+        False,
+        "prompt + max_tokens exceed the context length",
+    )
+    MODEL_NOT_FOUND = "model_not_found", 422, False, "that model is not served here"
+    RATE_LIMITED = "rate_limited", 429, True, "rate limit exceeded"
+    INTERNAL_ERROR = "internal_error", 500, False, "internal server error"
+    QUEUE_FULL = "queue_full", 503, True, "the server is busy; retry shortly"
+    NOT_READY = "not_ready", 503, True, "the model is still loading"
+    SHUTTING_DOWN = "shutting_down", 503, True, "the server is shutting down"
+
+    @classmethod
+    def of(cls, outcome: Failure | Refusal) -> ErrorCode:
+        """The code of an engine outcome (each has the same wire value)."""
+        return cls[outcome.name]
+
+    @property
+    def finish_reason(self) -> str:
+        """What a request that ends this way counts as in ``infer_requests_total``."""
+        if self in (ErrorCode.CANCELLED, ErrorCode.STOPPED):
+            return "abort"
+        return "length" if self is ErrorCode.TIMEOUT else "error"
+
 
 # The codes of the HTTP errors Quart raises itself (routing, body size, timeouts).
 _HTTP_CODES = {

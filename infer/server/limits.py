@@ -10,10 +10,9 @@ from collections.abc import Callable, Sequence
 
 from quart import Quart, Response, request
 
-from infer.engine.request import ErrorCode
 from infer.server import pages
 from infer.server.config import ServerConfig
-from infer.server.errors import APIError, error_response
+from infer.server.errors import APIError, ErrorCode, error_response
 
 OPEN_PATHS = frozenset({"/health"})  # and the pages (pages.is_open)
 CORS_METHODS = "GET, POST, OPTIONS"

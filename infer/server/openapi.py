@@ -12,28 +12,37 @@ from collections.abc import Callable
 from typing import Any
 
 from pydantic import BaseModel
-from quart_schema import Info, QuartSchema, document_request, document_response
+from quart_schema import Info, QuartSchema, Tag, document_request, document_response, tag
 from quart_trio import QuartTrio
 
 from infer.server import schemas as s
 
-# endpoint -> (request model, model of its 200 JSON body; None: an event stream)
-ROUTES: dict[str, tuple[type[BaseModel] | None, type[BaseModel] | None]] = {
-    "health": (None, s.Health),
-    "api.models": (None, s.ModelList),
-    "api.completions": (s.CompletionRequest, s.CompletionResponse),
-    "api.chat_completions": (s.ChatCompletionRequest, s.ChatCompletionResponse),
-    "api.generate": (s.GenerateRequest, None),
-    "api.stop_generate": (None, s.StopResponse),
-    "responses.create_response": (s.ResponsesRequest, s.ResponseObject),
-    "api.attention": (s.InspectRequest, s.AttentionResponse),
-    "api.tokenize": (s.TokenizeRequest, s.TokenizeResponse),
-    "api.detokenize": (s.DetokenizeRequest, s.DetokenizeResponse),
+# endpoint -> (tag, request model, model of its 200 JSON body; None: an event stream)
+ROUTES: dict[str, tuple[str, type[BaseModel] | None, type[BaseModel] | None]] = {
+    "openai.models": ("OpenAI", None, s.ModelList),
+    "openai.completions": ("OpenAI", s.CompletionRequest, s.CompletionResponse),
+    "openai.chat_completions": ("OpenAI", s.ChatCompletionRequest, s.ChatCompletionResponse),
+    "openai.create_response": ("OpenAI", s.ResponsesRequest, s.ResponseObject),
+    "native.generate": ("native", s.GenerateRequest, None),
+    "native.stop_generate": ("native", None, s.StopResponse),
+    "native.attention": ("native", s.InspectRequest, s.AttentionResponse),
+    "native.tokenize": ("tokens", s.TokenizeRequest, s.TokenizeResponse),
+    "native.detokenize": ("tokens", s.DetokenizeRequest, s.DetokenizeResponse),
+    "health": ("operations", None, s.Health),
+    "metrics": ("operations", None, None),
+    "model_info": ("operations", None, None),
+    "server_info": ("operations", None, None),
 }
+TAGS: list[Tag | dict[Any, Any]] = [
+    Tag(name="OpenAI", description="OpenAI-compatible completions, chat and Responses"),
+    Tag(name="native", description="infer's event stream with per-token traces, and inspection"),
+    Tag(name="tokens", description="What the model reads: tokenize and detokenize"),
+    Tag(name="operations", description="Readiness, Prometheus metrics, and a gateway's probes"),
+]
 ERROR_STATUSES = (400, 401, 413, 422, 429, 500, 503)
 EXTRA_STATUSES = {  # an unknown (or forgotten) id
-    "responses.create_response": (404,),
-    "api.stop_generate": (404,),
+    "openai.create_response": (404,),
+    "native.stop_generate": (404,),
 }
 
 
@@ -50,13 +59,15 @@ def install(app: QuartTrio, version: str) -> None:
             version=version,
             description="OpenAI-compatible and native LLM inference API",
         ),
+        tags=TAGS,
     )
-    for endpoint, (request_model, response_model) in ROUTES.items():
+    for endpoint, (group, request_model, response_model) in ROUTES.items():
         view = app.view_functions.get(endpoint)
         if view is None:
             raise KeyError(f"no route {endpoint!r} to document")
         statuses = ERROR_STATUSES + EXTRA_STATUSES.get(endpoint, ())
-        app.view_functions[endpoint] = _documented(view, request_model, response_model, statuses)
+        view = _documented(view, request_model, response_model, statuses)
+        app.view_functions[endpoint] = tag([group])(view)
 
 
 def _documented(

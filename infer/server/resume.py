@@ -22,9 +22,9 @@ from typing import Any
 
 import trio
 
-from infer.engine.request import ErrorCode
+from infer.api import native
 from infer.server import sse
-from infer.server.errors import APIError
+from infer.server.errors import APIError, ErrorCode
 
 
 def fingerprint(body: Any) -> str:
@@ -34,9 +34,7 @@ def fingerprint(body: Any) -> str:
 
 
 def _error(code: ErrorCode, seq: int | None = None) -> bytes:
-    return sse.event(
-        {"code": code.name, "message": code.message, "retryable": code.retryable}, "error", seq
-    )
+    return sse.event(*native.error(code.name, code.message, code.retryable, None), seq)
 
 
 SUPERSEDED = _error(ErrorCode.SUPERSEDED)

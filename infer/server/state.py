@@ -20,9 +20,8 @@ import trio
 from quart import current_app
 
 from infer.engine.engine import Engine
-from infer.engine.request import ErrorCode
 from infer.server.config import ServerConfig
-from infer.server.errors import APIError
+from infer.server.errors import APIError, ErrorCode
 from infer.server.metrics import Metrics
 from infer.server.resume import ResumeRegistry
 from infer.server.store import ResponseStore

@@ -22,7 +22,8 @@ from typing import Any
 
 import trio
 
-from infer.engine.request import ErrorCode, StepOutput
+from infer.engine.request import Failure, StepOutput
+from infer.server.errors import ErrorCode
 from infer.server.metrics import Metrics
 
 SLOW_CLIENT = "the client is not reading its stream fast enough"
@@ -79,7 +80,7 @@ class RequestStream:
         prompts: int,
         arrival: float,
         metrics: Metrics,
-        abort: Callable[[str, ErrorCode], None],
+        abort: Callable[[str, Failure], None],
         on_idle: Callable[[], None],
         on_close: Callable[[RequestStream], None],
         buffer: int,
@@ -188,7 +189,9 @@ class RequestStream:
             metrics.cached_prompt_tokens += choice.cached_tokens
             outcome = out.outcome
             metrics.finished[
-                outcome.finish_reason if isinstance(outcome, ErrorCode) else outcome.value
+                ErrorCode.of(outcome).finish_reason
+                if isinstance(outcome, Failure)
+                else outcome.value
             ] += 1
             if self.finished:
                 self._idle()
@@ -206,7 +209,7 @@ class RequestStream:
         for choice in self.choices:
             if not choice.read_last:
                 if not choice.pushed_last:
-                    self._abort(choice.request_id, ErrorCode.CANCELLED)
+                    self._abort(choice.request_id, Failure.CANCELLED)
                 if client_gone:
                     self._metrics.client_disconnects += 1
                     self._metrics.finished["abort"] += 1
@@ -264,7 +267,7 @@ class RequestStream:
             return self._end_slow_reader()
         return []
 
-    def end(self, code: ErrorCode) -> None:
+    def end(self, code: Failure) -> None:
         """End every choice that has not ended with ``code`` (the worker stops or failed)."""
         for index, choice in enumerate(self.choices):
             if not choice.pushed_last:
@@ -291,7 +294,7 @@ class RequestStream:
                             choice.request_id,
                             None,
                             "",
-                            ErrorCode.OVERLOADED,
+                            Failure.OVERLOADED,
                             SLOW_CLIENT,
                             prompt_tokens=choice.prompt_tokens,
                         ),

@@ -6,9 +6,10 @@ streams and takes back what arrived meanwhile (new requests, aborts, calls); the
 runs the next step. When the engine is idle the thread blocks in a second hop until something
 arrives.
 
-Request tasks never touch the engine: they ``submit`` (non-blocking, refused at once when the
-bounded queue is full) and read their :class:`RequestStream`; ``call`` runs a function on the
-engine thread between two steps (attention inspection).
+Request tasks never touch the engine: they ``submit`` (non-blocking, refused at once when
+``max_waiting_requests`` wait) and read their :class:`RequestStream`; ``call`` runs a function
+on the engine thread between two steps (attention inspection). A stream that is closed early
+aborts its choices: the abort waits for the next hop, and the engine applies it at once.
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ from typing import Any, Generic, TypeVar
 import torch
 import trio
 
-from infer.engine.engine import Engine, QueueFullError
+from infer.engine.engine import Engine
 from infer.engine.params import SamplingParams
-from infer.engine.request import ErrorCode, StepOutput, TraceSpec
+from infer.engine.request import Failure, StepOutput, TraceSpec
 from infer.server.metrics import Metrics
 from infer.server.stream import RequestStream
 
@@ -37,6 +38,10 @@ T = TypeVar("T")
 
 class WorkerStoppedError(Exception):
     """The engine loop is not running (not started yet, shut down, or failed)."""
+
+
+class QueueFullError(Exception):
+    """``max_waiting_requests`` requests already wait to run."""
 
 
 @dataclass(frozen=True)
@@ -104,10 +109,12 @@ class EngineWorker:
         self.output_buffer = output_buffer
         self.max_pending_tokens = max_pending_tokens
         self.settle = settle or SettlePolicy()
-        capacity = max(engine.config.max_waiting_requests, 1)
+        # Each submission holds at least one of the waiting choices `submit` counts, so the
+        # channel cannot fill before that count refuses.
+        capacity = engine.config.max_waiting_requests
         self._submit_send, self._submit_receive = trio.open_memory_channel[_Submission](capacity)
         self._choices: dict[str, tuple[RequestStream, int]] = {}  # engine request id → route
-        self._aborts: list[tuple[str, ErrorCode]] = []
+        self._aborts: list[tuple[str, Failure]] = []
         self._calls: list[_Call[Any]] = []
         self._activity = trio.Event()
         self._settling: trio.CancelScope | None = None
@@ -148,7 +155,8 @@ class EngineWorker:
         timeout_s: float | None = None,
         num_prompts: int = 1,
     ) -> RequestStream:
-        """Queue a request's choices (prompt ``i`` sampled by ``params[i]``) without blocking.
+        """Queue a request's choices (prompt ``i`` sampled by ``params[i]``) without blocking;
+        the caller has checked that each choice fits the engine (:meth:`Engine.check`).
 
         Args:
             prompts: Each choice's prompt ids.
@@ -160,7 +168,7 @@ class EngineWorker:
 
         Raises:
             WorkerStoppedError: The engine loop is not running: nothing would serve it.
-            QueueFullError: ``max_waiting_requests`` are already waiting.
+            QueueFullError: ``max_waiting_requests`` would be exceeded.
         """
         if not self.ready:
             raise WorkerStoppedError("the engine is not running")
@@ -178,10 +186,7 @@ class EngineWorker:
             self.output_buffer,
             self.max_pending_tokens,
         )
-        try:
-            self._submit_send.send_nowait(_Submission(stream, prompts, params, trace))
-        except trio.WouldBlock:
-            raise QueueFullError("the request queue is full") from None
+        self._submit_send.send_nowait(_Submission(stream, prompts, params, trace))
         self._queued += len(prompts)
         if timeout_s is not None:
             stream.deadline = trio.current_time() + timeout_s
@@ -222,7 +227,7 @@ class EngineWorker:
         outside any one request), the traceback is logged, every open request ends
         ``INFERENCE_FAILED``, :attr:`failed` is set and this returns.
         """
-        code = ErrorCode.CANCELLED
+        code = Failure.CANCELLED
         leftover: tuple[list[StepOutput], list[_Call[Any]]] = ([], [])
         try:
             self.ready = True
@@ -231,7 +236,7 @@ class EngineWorker:
         except Exception:
             log.exception("the engine loop failed; ending every open request")
             self.failed = True
-            code = ErrorCode.INFERENCE_FAILED
+            code = Failure.INFERENCE_FAILED
         finally:
             self.ready = False
             outputs, calls = leftover  # what the step under way when cancelled produced
@@ -270,7 +275,8 @@ class EngineWorker:
                 outputs = self._admit(submissions)
                 self._in_transit = 0
                 for request_id, why in aborts:
-                    self.engine.abort(request_id, why)
+                    if (out := self.engine.abort(request_id, why)) is not None:
+                        outputs.append(out)
                 for call in calls:
                     _run(call, self.engine)
                 start = time.perf_counter()
@@ -298,24 +304,25 @@ class EngineWorker:
         return self.engine.num_running == 0 and self.engine.num_waiting > 0
 
     def _admit(self, submissions: list[_Submission]) -> list[StepOutput]:
-        """Add new requests to the engine; a refused one gets its terminal output at once."""
-        refused = []
+        """Queue new requests in the engine; one that fails to queue (a bug, logged) gets its
+        terminal output at once."""
+        failed = []
         for s in submissions:
             for choice, prompt, params in zip(s.stream.choices, s.prompts, s.params, strict=True):
-                code, message = None, None
                 try:
-                    self.engine.add_request(prompt, params, choice.request_id, s.trace)
-                except QueueFullError as e:
-                    code, message = ErrorCode.OVERLOADED, str(e)
-                except ValueError as e:
-                    code, message = ErrorCode.INVALID_REQUEST, str(e)
-                if code is not None:
-                    refused.append(
+                    self.engine.queue(prompt, params, choice.request_id, s.trace)
+                except Exception:  # noqa: BLE001 - one request's failure ends only it
+                    log.exception("cannot queue %s", choice.request_id)
+                    failed.append(
                         StepOutput(
-                            choice.request_id, None, "", code, message, prompt_tokens=len(prompt)
+                            choice.request_id,
+                            None,
+                            "",
+                            Failure.INFERENCE_FAILED,
+                            prompt_tokens=len(prompt),
                         )
                     )
-        return refused
+        return failed
 
     # --- event loop side (called through from_thread) -------------------------------------
 
@@ -325,7 +332,7 @@ class EngineWorker:
 
     async def _exchange(
         self, outputs: list[StepOutput], calls: list[_Call[Any]], settle_s: float
-    ) -> tuple[list[_Submission], list[tuple[str, ErrorCode]], list[_Call[Any]]] | None:
+    ) -> tuple[list[_Submission], list[tuple[str, Failure]], list[_Call[Any]]] | None:
         """Deliver a step's outputs and calls; take the submissions, aborts and calls that
         arrived. With ``settle_s``, first wait (shielded, at most that long) until every
         reader has come back for more, or a request or abort arrives.
@@ -348,7 +355,7 @@ class EngineWorker:
         for stream, _ in self._choices.values():
             if now >= stream.deadline:
                 stream.deadline = math.inf  # its choices end TIMEOUT at the next step
-                self._aborts += [(c.request_id, ErrorCode.TIMEOUT) for c in stream.choices]
+                self._aborts += [(c.request_id, Failure.TIMEOUT) for c in stream.choices]
         submissions = []
         while True:
             try:
@@ -388,11 +395,11 @@ class EngineWorker:
         was_busy = stream.busy
         for request_id in stream.push(index, out):  # a reader too far behind: stop them
             self._choices.pop(request_id, None)
-            self._aborts.append((request_id, ErrorCode.OVERLOADED))
+            self._aborts.append((request_id, Failure.OVERLOADED))
         if stream.busy and not was_busy:
             self._busy += 1
 
-    def _abort(self, request_id: str, why: ErrorCode) -> None:
+    def _abort(self, request_id: str, why: Failure) -> None:
         if self._choices.pop(request_id, None) is not None:
             self._aborts.append((request_id, why))
             self._wake()

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from infer.engine.config import EngineConfig
-from infer.engine.engine import Engine, QueueFullError
+from infer.engine.engine import Engine
 from infer.engine.generate import generate
 from infer.engine.params import SamplingParams
-from infer.engine.request import ErrorCode, FinishReason, StepOutput
+from infer.engine.request import Failure, FinishReason, StepOutput, TraceSpec
 
 GREEDY = SamplingParams(max_new_tokens=12, temperature=0.0, ignore_eos=True)
 SEEDED = SamplingParams(
@@ -140,11 +140,12 @@ def test_abort_one_request_others_unaffected_and_slot_reused(tiny_model, default
     a, b, c = (engine.add_request(p, GREEDY) for p in PROMPTS[:3])
     outs = _run(engine, until=3)
     assert engine.num_running == 2 and engine.num_waiting == 1
-    engine.abort(a.request_id)
-    engine.abort(a.request_id)  # idempotent
+    aborted = engine.abort(a.request_id)  # at once: its slot is free for the next step
+    assert aborted is not None and aborted.outcome is Failure.CANCELLED
+    assert engine.abort(a.request_id) is None  # idempotent
+    outs[a.request_id].append(aborted)
     for rid, more in _run(engine).items():
         outs.setdefault(rid, []).extend(more)
-    assert outs[a.request_id][-1].outcome is ErrorCode.CANCELLED
     assert sum(o.finished for o in outs[a.request_id]) == 1
     assert _tokens(outs[b.request_id]) == expected[1]
     assert _tokens(outs[c.request_id]) == expected[2]  # c took a's slot
@@ -165,7 +166,7 @@ def test_failed_forward_fails_its_requests_and_engine_recovers(
     with caplog.at_level(logging.ERROR, logger="infer"):
         outs = engine.step()
     assert {o.request_id for o in outs} == {r.request_id for r in reqs}
-    assert all(o.finished and o.outcome is ErrorCode.OUT_OF_MEMORY for o in outs)
+    assert all(o.finished and o.outcome is Failure.OUT_OF_MEMORY for o in outs)
     # The exception is logged, never put in an output a client could see.
     assert "simulated" in caplog.text and all(o.message is None for o in outs)
     monkeypatch.undo()
@@ -177,17 +178,16 @@ def test_failed_forward_fails_its_requests_and_engine_recovers(
 
 
 def test_rejects_bad_requests_before_queueing(tiny_model, default_tokenizer) -> None:
-    engine = _engine(tiny_model, default_tokenizer, max_seq_len=32, max_waiting_requests=1)
+    engine = _engine(tiny_model, default_tokenizer, max_seq_len=32)
     with pytest.raises(ValueError, match="exceeds max_seq_len"):
         engine.add_request("hello " * 10, SamplingParams(max_new_tokens=30))
     with pytest.raises(ValueError, match="empty"):
         engine.add_request("", GREEDY)
     with pytest.raises(ValueError, match="token ids"):
         engine.add_request([1, 2, 10**9], GREEDY)
+    with pytest.raises(ValueError, match="trace.layer"):
+        engine.add_request("hi", GREEDY, trace=TraceSpec(layer=99))
     assert not engine.has_work()
-    engine.add_request("hi", SamplingParams(max_new_tokens=4))
-    with pytest.raises(QueueFullError):
-        engine.add_request("hi", SamplingParams(max_new_tokens=4))
 
 
 def test_no_leaks_after_500_mixed_requests(tiny_model, default_tokenizer) -> None:
@@ -203,12 +203,15 @@ def test_no_leaks_after_500_mixed_requests(tiny_model, default_tokenizer) -> Non
         max_seq_len=64,
     )
     refs = []
+    aborted = {}
     for i in range(500):
         params = SamplingParams(max_new_tokens=1 + i % 4, temperature=0.0)
         refs.append(weakref.ref(engine.add_request(PROMPTS[i % len(PROMPTS)], params)))
         if i % 7 == 0:
-            engine.abort(f"req-{i}")
-    outs = _run(engine)
+            out = engine.abort(f"req-{i}")
+            assert out is not None
+            aborted[out.request_id] = [out]
+    outs = _run(engine) | aborted
     assert len(outs) == 500
     assert all(sum(o.finished for o in v) == 1 for v in outs.values())
     assert engine.blocks.hits > 0

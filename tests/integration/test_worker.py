@@ -8,12 +8,13 @@ import pytest
 import trio
 
 from infer.engine.config import EngineConfig
-from infer.engine.engine import Engine, QueueFullError
+from infer.engine.engine import Engine
 from infer.engine.params import SamplingParams
-from infer.engine.request import ErrorCode, FinishReason, StepOutput, TraceSpec
+from infer.engine.request import Failure, FinishReason, StepOutput, TraceSpec
 from infer.server.config import ServerConfig
+from infer.server.errors import ErrorCode
 from infer.server.stream import SLOW_CLIENT, RequestStream
-from infer.server.worker import EngineWorker, SettlePolicy, WorkerStoppedError
+from infer.server.worker import EngineWorker, QueueFullError, SettlePolicy, WorkerStoppedError
 
 LENGTH = FinishReason.LENGTH
 SETTLE = {"policy": SettlePolicy()}
@@ -116,7 +117,7 @@ async def test_slow_reader_is_coalesced_then_ended(tiny_model, default_tokenizer
             while worker.waiting or worker.engine.has_work():
                 await trio.sleep(0.01)
         outs = await _collect(stuck)
-        assert outs[-1].outcome is ErrorCode.OVERLOADED and outs[-1].message == SLOW_CLIENT
+        assert outs[-1].outcome is Failure.OVERLOADED and outs[-1].message == SLOW_CLIENT
         assert sum(o.finished for o in outs) == 1
         nursery.cancel_scope.cancel()
 
@@ -139,7 +140,7 @@ async def test_timeout_ends_with_length_and_timeout_code(tiny_model, default_tok
     async with trio.open_nursery() as nursery:
         await nursery.start(worker.run)
         outs = await _collect(_submit(worker, [1, 2], _params(500), timeout_s=0.0))
-        assert outs[-1].outcome is ErrorCode.TIMEOUT and ErrorCode.TIMEOUT.finish_reason == "length"
+        assert outs[-1].outcome is Failure.TIMEOUT and ErrorCode.TIMEOUT.finish_reason == "length"
         nursery.cancel_scope.cancel()
 
 
@@ -153,7 +154,7 @@ async def test_shutdown_ends_every_stream(tiny_model, default_tokenizer) -> None
         nursery.cancel_scope.cancel()
     for h in handles:
         outs = await _collect(h)
-        assert outs[-1].outcome is ErrorCode.CANCELLED
+        assert outs[-1].outcome is Failure.CANCELLED
 
 
 async def test_submit_is_refused_once_the_loop_has_stopped(tiny_model, default_tokenizer) -> None:
@@ -211,16 +212,25 @@ def test_the_slow_reader_limit_fires_at_default_settings() -> None:
     assert ServerConfig().max_pending_tokens < EngineConfig().max_seq_len
 
 
-async def test_a_request_the_engine_refuses_ends_invalid_request(
-    tiny_model, default_tokenizer
+async def test_a_request_that_fails_to_queue_ends_alone(
+    tiny_model, default_tokenizer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     worker = _worker(tiny_model, default_tokenizer)
+    queue = worker.engine.queue
+
+    def failing(ids: list[int], *args: Any) -> Any:
+        if ids == [9, 9]:
+            raise RuntimeError("simulated")
+        return queue(ids, *args)
+
+    monkeypatch.setattr(worker.engine, "queue", failing)
     async with trio.open_nursery() as nursery:
         await nursery.start(worker.run)
-        vocab = tiny_model.config.vocab_size
-        outs = await _collect(_submit(worker, [1, vocab + 5], _params(4)))  # unchecked ids
+        bad, good = _submit(worker, [9, 9], _params(4)), _submit(worker, [1, 2], _params(4))
+        outs = await _collect(bad)
+        assert (await _collect(good))[-1].outcome is LENGTH
         nursery.cancel_scope.cancel()
-    assert len(outs) == 1 and outs[0].outcome is ErrorCode.INVALID_REQUEST
+    assert len(outs) == 1 and outs[0].outcome is Failure.INFERENCE_FAILED
     assert worker._choices == {}
 
 

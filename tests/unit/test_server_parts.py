@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from infer.engine.prompts import PromptError, check_size
-from infer.engine.request import ErrorCode
+from infer.engine.prompts import check_size
+from infer.engine.request import Failure, Refusal, RequestError
 from infer.server import sse
 from infer.server.config import ServerConfig
-from infer.server.errors import APIError
+from infer.server.errors import APIError, ErrorCode
 from infer.server.limits import ApiKeys, RateLimiter
 from infer.server.metrics import Histogram, Metrics
 from support.server import parse_sse
@@ -92,9 +92,10 @@ def test_api_keys() -> None:
 
 def test_prompt_size_counts_utf8_bytes() -> None:
     check_size("é" * 8, 16)
-    with pytest.raises(PromptError) as e:
+    with pytest.raises(RequestError) as e:
         check_size("é" * 9, 16)
-    assert (e.value.code.status, e.value.code) == (413, "prompt_too_large")
+    assert e.value.reason is Refusal.PROMPT_TOO_LARGE
+    assert ErrorCode.of(e.value.reason).status == 413
 
 
 def test_every_error_code_is_defined_once_with_its_answer() -> None:
@@ -109,6 +110,8 @@ def test_every_error_code_is_defined_once_with_its_answer() -> None:
     )
     assert ErrorCode.TIMEOUT.finish_reason == "length"
     assert ErrorCode.CANCELLED.finish_reason == "abort"
+    # Every outcome the engine reports has its answer in the table.
+    assert all(ErrorCode.of(o).value == o.value for o in [*Failure, *Refusal])
 
 
 def test_histogram_and_metrics_text() -> None:
