@@ -419,7 +419,7 @@ class ChatCompletionRequest(_OpenAIFields):
             raise ValueError("tool_choice 'required' needs tools")
         if self.wants_tools() and self.json_schema() is not None:
             raise ValueError("response_format cannot be combined with tool calls")
-        _check_tool_results(self.messages)
+        check_tool_results(self.messages)
         return self
 
     def limit(self) -> int | None:
@@ -430,8 +430,12 @@ class ChatCompletionRequest(_OpenAIFields):
         return bool(self.tools) and self.tool_choice != "none"
 
 
-def _check_tool_results(messages: list[ChatMessage]) -> None:
-    """Every tool message answers a call an earlier assistant message made."""
+def check_tool_results(messages: list[ChatMessage]) -> None:
+    """Every tool message answers a call an earlier assistant message made.
+
+    Raises:
+        ValueError: One answers no call (the message says which).
+    """
     called: set[str] = set()
     for i, m in enumerate(messages):
         called.update(c.id for c in m.tool_calls or [])
@@ -439,15 +443,6 @@ def _check_tool_results(messages: list[ChatMessage]) -> None:
             raise ValueError(
                 f"messages.{i}: tool_call_id {m.tool_call_id!r} answers no earlier tool call"
             )
-
-
-def check_tool_results(messages: list[ChatMessage]) -> None:
-    """Every tool message answers a call an earlier assistant message made.
-
-    Raises:
-        ValueError: One answers no call (the message says which).
-    """
-    _check_tool_results(messages)
 
 
 # --- /v1/responses ---------------------------------------------------------------------------
@@ -718,46 +713,40 @@ class ResponsesRequest(_Body):
         return out
 
 
-class GenerateRequest(SamplingFields):
+class _PromptOrMessages(_Body):
+    """A body that takes exactly one of a prompt and a conversation."""
+
+    model: str | None = None
+    prompt: Prompt | None = None
+    messages: list[ChatMessage] | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> _PromptOrMessages:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give exactly one of prompt and messages")
+        return self
+
+
+class GenerateRequest(SamplingFields, _PromptOrMessages):
     """``POST /v1/generate``: the native event stream."""
 
     request_id: Annotated[str, Field(pattern=r"^[A-Za-z0-9._-]{1,64}$")] | None = None
-
-    prompt: Prompt | None = None
-    messages: list[ChatMessage] | None = None
     timeout_s: Annotated[float, Field(gt=0.0)] | None = None
     trace: TraceOptions | None = None
     metrics_every: Annotated[int, Field(ge=1)] | None = None
 
-    @model_validator(mode="after")
-    def _prompt_or_messages(self) -> GenerateRequest:
-        if (self.prompt is None) == (self.messages is None):
-            raise ValueError("give exactly one of prompt and messages")
-        return self
 
-
-class InspectRequest(_Body):
+class InspectRequest(_PromptOrMessages):
     """``POST /v1/inspect/attention``."""
 
-    model: str | None = None
-    prompt: Prompt | None = None
-    messages: list[ChatMessage] | None = None
     layer: Annotated[int, Field(ge=0)]
     head: Annotated[int, Field(ge=0)]
 
-    @model_validator(mode="after")
-    def _prompt_or_messages(self) -> InspectRequest:
-        if (self.prompt is None) == (self.messages is None):
-            raise ValueError("give exactly one of prompt and messages")
-        return self
 
-
-class TokenizeRequest(_Body):
+class TokenizeRequest(_PromptOrMessages):
     """``POST /tokenize`` (vLLM's shape): a prompt, or messages through the chat template."""
 
-    model: str | None = None
     prompt: StrictStr | None = None
-    messages: list[ChatMessage] | None = None
     # rendered with the messages, as a chat request that offers them renders them
     tools: Annotated[list[ToolDefinition], Field(max_length=128)] | None = None
     add_special_tokens: bool = False  # the generation routes add none
@@ -765,9 +754,7 @@ class TokenizeRequest(_Body):
     return_token_strs: bool = False
 
     @model_validator(mode="after")
-    def _prompt_or_messages(self) -> TokenizeRequest:
-        if (self.prompt is None) == (self.messages is None):
-            raise ValueError("give exactly one of prompt and messages")
+    def _tools_with_messages(self) -> TokenizeRequest:
         if self.tools and self.messages is None:
             raise ValueError("tools go with messages")
         return self
