@@ -21,7 +21,6 @@ from infer.bench.metrics import RequestResult
 from infer.bench.sse import SSEEvent, SSEParser
 from infer.bench.workloads import BenchRequest, Workload
 
-APIS = ("native", "openai")
 ROUTES = {"native": "/v1/generate", "openai": "/v1/completions"}
 
 

@@ -76,7 +76,6 @@ time or other, cherish very nearly the same feelings towards the ocean with me.
 """
 
 SCALES = ("full", "quick", "smoke")
-DEFAULT_CONCURRENCY = (1, 4, 16, 64)
 # Command-line names, in the order they are built (and reported).
 WORKLOAD_NAMES = ("w1", "w2", "w2serial", "chat64", "prefix", "sweep")
 # The prefix workload's system prompt, followed by source text up to the prefix length.

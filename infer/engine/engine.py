@@ -296,8 +296,6 @@ class Engine:
     def _append_token(self, req: Request, token: int) -> StepOutput:
         if req.status == RequestStatus.PREFILL:
             req.status = RequestStatus.DECODE
-            if req.first_token_time is None:  # (a preempted request was here before)
-                req.first_token_time = time.monotonic()
         req.output_ids.append(token)
         detok = req.detokenizer
         assert detok is not None  # set in add_request

@@ -199,10 +199,6 @@ class GrammarCompiler:
         self._vocab: list[bytes] = list(info.decoded_vocab)
         self._stops = frozenset(info.stop_token_ids)
 
-    def json_object(self) -> Grammar:
-        """Any JSON object (OpenAI's ``json_object`` mode)."""
-        return self.json_schema({"type": "object"})
-
     def json_schema(self, schema: dict[str, Any]) -> Grammar:
         """A grammar for JSON documents that validate against ``schema``.
 

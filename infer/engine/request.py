@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
 from typing import TYPE_CHECKING, Any
@@ -87,7 +86,6 @@ class Request:
     request_id: str
     prompt_ids: list[int]
     params: SamplingParams
-    arrival_time: float = field(default_factory=time.monotonic)
     trace: TraceSpec | None = None
 
     status: RequestStatus = RequestStatus.WAITING
@@ -98,8 +96,6 @@ class Request:
     text_len: int = 0  # characters of text sent so far
     num_cached: int = 0  # tokens of this request already in the KV cache
     prefill_len: int = 0  # tokens to prefill before decoding (prompt + output if preempted)
-    first_token_time: float | None = None
-    finish_time: float | None = None
     grammar_state: GrammarState | None = None  # structured output: set on its first step
     cached_tokens: int | None = None  # prompt tokens the prefix cache gave it when it started
     # Prompt tokens 1... scored so far (prompt_logprobs); the first token has no score.
@@ -136,7 +132,6 @@ class Request:
 
     def finish(self, status: RequestStatus, outcome: Outcome) -> None:
         self.status, self.outcome = status, outcome
-        self.finish_time = time.monotonic()
 
 
 @dataclass

@@ -77,7 +77,6 @@ class ModelConfig:
     sliding_window: int | None = None
     query_pre_attn_scalar: float | None = None
     final_logit_softcapping: float | None = None
-    bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
 
     @property
@@ -133,7 +132,6 @@ def _from_hf(arch: str, d: dict[str, Any]) -> ModelConfig:
         sliding_window=d.get("sliding_window") if sliding else None,
         query_pre_attn_scalar=d.get("query_pre_attn_scalar") if gemma else None,
         final_logit_softcapping=d.get("final_logit_softcapping"),
-        bos_token_id=d.get("bos_token_id"),
         eos_token_id=d.get("eos_token_id"),
     )
 
