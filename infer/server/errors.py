@@ -58,53 +58,23 @@ class ErrorCode(StrEnum):
     # Refusals before a request starts (the engine's refusals among them).
     INVALID_JSON = "invalid_json", 400, False, "malformed JSON body"
     EMPTY_PROMPT = "empty_prompt", 400, False, "prompt is empty"
-    INVALID_LAST_EVENT_ID = (
-        "invalid_last_event_id",
-        400,
-        False,
-        "Last-Event-ID must be an event id (an integer >= 0)",
-    )
-    INVALID_API_KEY = (
-        "invalid_api_key",
-        401,
-        False,
-        "a valid API key is required (Authorization: Bearer <key>)",
-    )
+    INVALID_LAST_EVENT_ID = "invalid_last_event_id", 400, False, "Last-Event-ID is not an event id"
+    INVALID_API_KEY = "invalid_api_key", 401, False, "send a valid key: Authorization: Bearer <key>"
     ORIGIN_NOT_ALLOWED = "origin_not_allowed", 403, False, "this origin is not allowed"
     NOT_FOUND = "not_found", 404, False, "no such route"
-    RESPONSE_NOT_FOUND = (
-        "response_not_found",
-        404,
-        False,
-        "previous_response_id names no stored response (unknown, expired or not stored)",
-    )
-    REQUEST_NOT_FOUND = (
-        "request_not_found",
-        404,
-        False,
-        "request_id names no resumable request (unknown, or forgotten after its window)",
-    )
+    RESPONSE_NOT_FOUND = "response_not_found", 404, False, "no such stored response"
+    REQUEST_NOT_FOUND = "request_not_found", 404, False, "no such resumable request"
     INVALID_REQUEST = "invalid_request", 400, False, "the request is invalid"
     METHOD_NOT_ALLOWED = "method_not_allowed", 405, False, "method not allowed"
     REQUEST_TIMEOUT = "request_timeout", 408, False, "the request took too long to arrive"
-    REQUEST_ID_CONFLICT = (
-        "request_id_conflict",
-        409,
-        False,
-        "this request_id is in use by another request",
-    )
+    REQUEST_ID_CONFLICT = "request_id_conflict", 409, False, "this request_id is in use"
     BODY_TOO_LARGE = "body_too_large", 413, False, "the request body is too large"
     PROMPT_TOO_LARGE = "prompt_too_large", 413, False, "the prompt is too large"
     INVALID_VALUE = "invalid_value", 422, False, "a field has an invalid value"
     INVALID_MESSAGES = "invalid_messages", 422, False, "the chat template refused the messages"
     INVALID_SCHEMA = "invalid_schema", 422, False, "the JSON schema cannot be compiled"
     NO_CHAT_TEMPLATE = "no_chat_template", 422, False, "the model has no chat template"
-    CONTEXT_LENGTH_EXCEEDED = (
-        "context_length_exceeded",
-        422,
-        False,
-        "prompt + max_tokens exceed the context length",
-    )
+    CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded", 422, False, "too long for max_seq_len"
     MODEL_NOT_FOUND = "model_not_found", 422, False, "that model is not served here"
     RATE_LIMITED = "rate_limited", 429, True, "rate limit exceeded"
     INTERNAL_ERROR = "internal_error", 500, False, "internal server error"
