@@ -186,8 +186,11 @@ async def attention() -> Response:
 
 @blueprint.post("/tokenize")
 async def tokenize() -> Response:
-    """`{tokens, count, max_model_len}` (and `token_strs` when asked): what the generation
-    routes would feed the model, with the same prompt-size limit."""
+    """The token ids the generation routes would feed the model for this prompt.
+
+    `{tokens, count, max_model_len}`, and `token_strs` when asked; the same prompt-size
+    limit as the generation routes.
+    """
     body = await parse_body(TokenizeRequest)
     state = get_state()
     engine, _ = state.require_ready()

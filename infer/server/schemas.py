@@ -1,9 +1,9 @@
 """Request and response bodies as pydantic models.
 
 Requests are validated here and nowhere else: unknown fields are refused (422), and each
-value is checked under the name the client used (``max_tokens``, not the engine's
-``max_new_tokens``) with the engine's own bounds. Responses are built as plain dicts by
-:mod:`infer.api`; their models here document them in ``/openapi.json`` (and the schemathesis
+value is checked under the name the client used (`max_tokens`, not the engine's
+`max_new_tokens`) with the engine's own bounds. Responses are built as plain dicts by
+:mod:`infer.api`; their models here document them in `/openapi.json` (and the schemathesis
 test checks the answers against them).
 """
 
@@ -68,7 +68,7 @@ class CalledFunction(_Body):
 
     def arguments_object(self) -> dict[str, Any] | str:
         """The arguments as an object when they are a JSON object's text (templates render
-        them with ``tojson``), else as given."""
+        them with `tojson`), else as given."""
         if isinstance(self.arguments, dict):
             return self.arguments
         try:
@@ -129,14 +129,14 @@ class StreamOptions(_Body):
 
 
 class TraceOptions(_Body):
-    """Per-token trace: the ``top_k`` likeliest tokens and, with ``layer``, its attention."""
+    """Per-token trace: the `top_k` likeliest tokens and, with `layer`, its attention."""
 
     layer: Annotated[int, Field(ge=0)] | None = None
     top_k: Annotated[int, Field(ge=1, le=MAX_LOGPROBS)] = 5
 
 
 class JSONSchemaFormat(_Body):
-    """``response_format.json_schema``: OpenAI's named schema."""
+    """`response_format.json_schema`: OpenAI's named schema."""
 
     name: Annotated[str, Field(max_length=64)] = "response"
     description: str | None = None
@@ -149,7 +149,7 @@ class JSONSchemaFormat(_Body):
 
 
 class ResponseFormat(_Body):
-    """``{"type": "text"}``, ``{"type": "json_object"}`` or ``{"type": "json_schema", ...}``."""
+    """`{"type": "text"}`, `{"type": "json_object"}` or `{"type": "json_schema", ...}`."""
 
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JSONSchemaFormat | None = None
@@ -161,7 +161,7 @@ class ResponseFormat(_Body):
         return self
 
     def schema_or_none(self) -> dict[str, Any] | None:
-        """The JSON schema the output must follow; ``None`` for free text."""
+        """The JSON schema the output must follow; `None` for free text."""
         if self.type == "json_object":
             return {"type": "object"}
         return self.json_schema.schema_ if self.json_schema is not None else None
@@ -203,7 +203,7 @@ class SamplingFields(_Body):
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
 
     def json_schema(self) -> dict[str, Any] | None:
-        """The schema structured output must follow, or ``None``."""
+        """The schema structured output must follow, or `None`."""
         return self.response_format.schema_or_none() if self.response_format else None
 
     def limit(self) -> int | None:
@@ -239,13 +239,13 @@ class SamplingFields(_Body):
     @model_validator(mode="before")
     @classmethod
     def _nulls_are_defaults(cls, data: Any) -> Any:
-        """OpenAI clients send ``null`` for fields they leave at their default."""
+        """OpenAI clients send `null` for fields they leave at their default."""
         if isinstance(data, dict):
             return {k: v for k, v in data.items() if v is not None or k not in _NULLABLE}
         return data
 
 
-# Fields whose ``null`` means "the default" (clients such as LangChain send them).
+# Fields whose `null` means "the default" (clients such as LangChain send them).
 _NULLABLE = frozenset(
     {
         "temperature",
@@ -286,10 +286,10 @@ class _OpenAIFields(SamplingFields):
 
 
 class CompletionRequest(_OpenAIFields):
-    """``POST /v1/completions``.
+    """`POST /v1/completions`.
 
-    ``echo`` with ``logprobs`` scores the prompt: its tokens start each choice's
-    ``logprobs``. ``max_tokens: 0`` (with ``echo`` or ``prompt_logprobs``) generates nothing.
+    `echo` with `logprobs` scores the prompt: its tokens start each choice's
+    `logprobs`. `max_tokens: 0` (with `echo` or `prompt_logprobs`) generates nothing.
     """
 
     prompt: Prompts
@@ -320,8 +320,8 @@ class CompletionRequest(_OpenAIFields):
         return self
 
     def scored_prompt(self) -> int | None:
-        """Alternatives per prompt token the answer shows; ``None``: the prompt is not
-        scored. (``max_tokens: 0`` with a bare ``echo`` scores it too: the engine runs the
+        """Alternatives per prompt token the answer shows; `None`: the prompt is not
+        scored. (`max_tokens: 0` with a bare `echo` scores it too: the engine runs the
         prompt for its scores only.)"""
         wanted = [k for k in (self.prompt_logprobs, self.echo_logprobs()) if k is not None]
         if not wanted and self.max_tokens == 0:
@@ -329,11 +329,11 @@ class CompletionRequest(_OpenAIFields):
         return max(wanted) if wanted else None
 
     def echo_logprobs(self) -> int | None:
-        """Alternatives per echoed prompt token; ``None``: the echo has no logprobs."""
+        """Alternatives per echoed prompt token; `None`: the echo has no logprobs."""
         return self.logprobs if self.echo else None
 
     def prompt_list(self) -> list[str | list[int]]:
-        """The prompts, one per group of ``n`` choices, in order."""
+        """The prompts, one per group of `n` choices, in order."""
         p = self.prompt
         if isinstance(p, str) or not p:
             return [cast(str | list[int], p)]
@@ -375,7 +375,7 @@ class NamedToolChoice(_Body):
 
 
 class ChatCompletionRequest(_OpenAIFields):
-    """``POST /v1/chat/completions``."""
+    """`POST /v1/chat/completions`."""
 
     messages: list[ChatMessage]
     max_completion_tokens: MaxTokens | None = None
@@ -426,7 +426,7 @@ class ChatCompletionRequest(_OpenAIFields):
         return self.max_tokens if self.max_tokens is not None else self.max_completion_tokens
 
     def wants_tools(self) -> bool:
-        """Whether the request needs tool calling (``tools`` given and not switched off)."""
+        """Whether the request needs tool calling (`tools` given and not switched off)."""
         return bool(self.tools) and self.tool_choice != "none"
 
 
@@ -449,7 +449,7 @@ def check_tool_results(messages: list[ChatMessage]) -> None:
 
 
 class InputText(_Body):
-    """A text part of a Responses message (``output_text`` when an earlier output is sent
+    """A text part of a Responses message (`output_text` when an earlier output is sent
     back, with its annotations and logprobs)."""
 
     type: Literal["input_text", "output_text"]
@@ -464,7 +464,7 @@ def _joined(content: str | list[InputText]) -> str:
 
 
 class InputMessage(_Body):
-    """A message of a Responses ``input`` (``type`` may be left out)."""
+    """A message of a Responses `input` (`type` may be left out)."""
 
     type: Literal["message"] | None = None
     role: Literal["user", "system", "developer", "assistant"]
@@ -541,14 +541,14 @@ class FunctionTool(_Body):
 
 
 class NamedFunctionChoice(_Body):
-    """``tool_choice: {"type": "function", "name": ...}``."""
+    """`tool_choice: {"type": "function", "name": ...}`."""
 
     type: Literal["function"]
     name: FunctionName
 
 
 class TextFormat(_Body):
-    """``text.format``: free text, any JSON object, or JSON that fits a named schema."""
+    """`text.format`: free text, any JSON object, or JSON that fits a named schema."""
 
     type: Literal["text", "json_object", "json_schema"]
     name: Annotated[str, Field(max_length=64)] | None = None
@@ -565,7 +565,7 @@ class TextFormat(_Body):
         return self
 
     def response_format(self) -> ResponseFormat:
-        """The chat route's ``response_format`` for this format."""
+        """The chat route's `response_format` for this format."""
         if self.type != "json_schema":
             return ResponseFormat(type=self.type)
         named = JSONSchemaFormat(
@@ -591,7 +591,7 @@ class ReasoningConfig(_Body):
 
 
 class ResponsesRequest(_Body):
-    """``POST /v1/responses``: OpenAI's Responses API (text and function calls)."""
+    """`POST /v1/responses`: OpenAI's Responses API (text and function calls)."""
 
     model: str
     input: str | list[InputItem]
@@ -645,11 +645,11 @@ class ResponsesRequest(_Body):
         return self
 
     def wants_tools(self) -> bool:
-        """Whether the request needs tool calling (``tools`` given and not switched off)."""
+        """Whether the request needs tool calling (`tools` given and not switched off)."""
         return bool(self.tools) and self.tool_choice != "none"
 
     def response_format(self) -> ResponseFormat | None:
-        """The chat route's ``response_format`` (``None``: free text)."""
+        """The chat route's `response_format` (`None`: free text)."""
         fmt = self.text.format if self.text is not None else None
         if fmt is None or fmt.type == "text":
             return None
@@ -670,12 +670,12 @@ class ResponsesRequest(_Body):
         return [t.definition() for t in self.tools or []]
 
     def forced_tool(self) -> str | None:
-        """The tool ``tool_choice`` names, if it names one."""
+        """The tool `tool_choice` names, if it names one."""
         choice = self.tool_choice
         return choice.name if isinstance(choice, NamedFunctionChoice) else None
 
     def messages(self, history: Sequence[ChatMessage]) -> list[ChatMessage]:
-        """This request's input as chat messages after ``history`` (an earlier response's
+        """This request's input as chat messages after `history` (an earlier response's
         conversation), without the instructions.
 
         Calls become the tool calls of an assistant message (joined to the assistant
@@ -728,7 +728,7 @@ class _PromptOrMessages(_Body):
 
 
 class GenerateRequest(SamplingFields, _PromptOrMessages):
-    """``POST /v1/generate``: the native event stream."""
+    """`POST /v1/generate`: the native event stream."""
 
     request_id: Annotated[str, Field(pattern=r"^[A-Za-z0-9._-]{1,64}$")] | None = None
     timeout_s: Annotated[float, Field(gt=0.0)] | None = None
@@ -737,14 +737,14 @@ class GenerateRequest(SamplingFields, _PromptOrMessages):
 
 
 class InspectRequest(_PromptOrMessages):
-    """``POST /v1/inspect/attention``."""
+    """`POST /v1/inspect/attention`."""
 
     layer: Annotated[int, Field(ge=0)]
     head: Annotated[int, Field(ge=0)]
 
 
 class TokenizeRequest(_PromptOrMessages):
-    """``POST /tokenize`` (vLLM's shape): a prompt, or messages through the chat template."""
+    """`POST /tokenize` (vLLM's shape): a prompt, or messages through the chat template."""
 
     prompt: StrictStr | None = None
     # rendered with the messages, as a chat request that offers them renders them
@@ -761,7 +761,7 @@ class TokenizeRequest(_PromptOrMessages):
 
 
 class DetokenizeRequest(_Body):
-    """``POST /detokenize`` (vLLM's shape)."""
+    """`POST /detokenize` (vLLM's shape)."""
 
     model: str | None = None
     tokens: Annotated[list[StrictInt], Field(max_length=MAX_DETOKENIZE)]
@@ -771,7 +771,7 @@ class DetokenizeRequest(_Body):
 
 
 class StopResponse(BaseModel):
-    """``DELETE /v1/generate/{request_id}``: the request was stopped."""
+    """`DELETE /v1/generate/{request_id}`: the request was stopped."""
 
     request_id: str
     stopped: bool
@@ -801,7 +801,7 @@ class Usage(BaseModel):
 
 
 class PromptTokenLogprob(BaseModel):
-    """One token of vLLM's ``prompt_logprobs`` entries (keyed by token id)."""
+    """One token of vLLM's `prompt_logprobs` entries (keyed by token id)."""
 
     logprob: float
     rank: int
@@ -822,7 +822,7 @@ class CompletionChoice(BaseModel):
 
 
 class CompletionResponse(BaseModel):
-    """``POST /v1/completions`` with ``stream: false``."""
+    """`POST /v1/completions` with `stream: false`."""
 
     id: str
     object: Literal["text_completion"]
@@ -857,7 +857,7 @@ class ChatChoice(BaseModel):
 
 
 class ChatCompletionResponse(BaseModel):
-    """``POST /v1/chat/completions`` with ``stream: false``."""
+    """`POST /v1/chat/completions` with `stream: false`."""
 
     id: str
     object: Literal["chat.completion"]
@@ -899,7 +899,7 @@ class Health(BaseModel):
 
 
 class AttentionResponse(BaseModel):
-    """``POST /v1/inspect/attention``."""
+    """`POST /v1/inspect/attention`."""
 
     layer: int
     head: int
@@ -924,8 +924,8 @@ class ResponseUsage(BaseModel):
 
 
 class ResponseOutputItem(BaseModel):
-    """A ``message`` (``role``, ``content``: output_text parts), ``function_call``
-    (``call_id``, ``name``, ``arguments``) or ``reasoning`` (``summary``, ``content``) item."""
+    """A `message` (`role`, `content`: output_text parts), `function_call`
+    (`call_id`, `name`, `arguments`) or `reasoning` (`summary`, `content`) item."""
 
     model_config = ConfigDict(extra="allow")
     id: str
@@ -934,8 +934,8 @@ class ResponseOutputItem(BaseModel):
 
 
 class ResponseObject(BaseModel):
-    """``POST /v1/responses`` with ``stream: false`` (streamed: the same object ends the
-    ``response.completed``/``response.incomplete``/``response.failed`` event)."""
+    """`POST /v1/responses` with `stream: false` (streamed: the same object ends the
+    `response.completed`/`response.incomplete`/`response.failed` event)."""
 
     model_config = ConfigDict(extra="allow")  # the echoed request fields
     id: str

@@ -222,3 +222,20 @@ def test_every_config_field_is_a_serve_flag() -> None:
     assert fields - {"engine"} <= dests
     with pytest.raises(SystemExit):
         parser.parse_args(["serve", "--dtype", "int3"])
+
+
+async def test_the_api_docs_group_every_route_and_read_as_plain_text() -> None:
+    from infer.server.app import create_app
+
+    client = create_app(ServerConfig()).test_client()  # no model: the document needs none
+    doc = await (await client.get("/openapi.json")).get_json()
+    groups = {t["name"] for t in doc["tags"]}
+    assert groups == {"OpenAI", "native", "tokens", "operations"}
+    operations = [op for ops in doc["paths"].values() for op in ops.values()]
+    assert len(operations) >= 15
+    for op in operations:
+        assert len(op["tags"]) == 1 and op["tags"][0] in groups, op
+        summary = op["summary"]
+        assert summary.endswith(".") and "``" not in summary and ":class:" not in summary, op
+    for schema in doc["components"]["schemas"].values():
+        assert "``" not in schema.get("description", ""), schema
