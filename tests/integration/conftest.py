@@ -9,12 +9,8 @@ import pytest
 import torch
 from quart_trio import QuartTrio
 
-from infer.engine.config import EngineConfig
-from infer.engine.engine import Engine
 from infer.models.loader import LoadedModel, load_model
-from infer.server.app import create_app
-from infer.server.config import ServerConfig
-from support.server import GatedModel, StepGate
+from support.apps import build_app
 
 AppFactory = Callable[..., QuartTrio]
 
@@ -32,22 +28,20 @@ def default_model_fp32() -> LoadedModel:
 
 
 def app_factory(loaded: LoadedModel) -> AppFactory:
-    """Build apps on ``loaded``: each with its own engine (and KV cache) on the shared weights.
+    """Build apps on ``loaded`` (see :func:`support.apps.build_app`: each with its own engine
+    and KV cache on the shared weights), in the model's dtype."""
+    dtype = str(loaded.model.dtype).removeprefix("torch.")
 
-    Keyword arguments go to ``ServerConfig``; ``engine`` (a dict) to ``EngineConfig``;
-    ``gate`` wraps the model in a :class:`GatedModel`.
-    """
-
-    def build(
-        engine: dict[str, Any] | None = None, gate: StepGate | None = None, **server: Any
-    ) -> QuartTrio:
-        dtype = str(loaded.model.dtype).removeprefix("torch.")
-        config = EngineConfig(
-            **({"max_seq_len": 512, "max_batch_size": 4, "dtype": dtype} | (engine or {}))
+    def build(engine: dict[str, Any] | None = None, **kwargs: Any) -> QuartTrio:
+        config = {"dtype": dtype} | (engine or {})
+        return build_app(
+            loaded.model,
+            loaded.tokenizer,
+            loaded.eos_token_ids,
+            loaded.name,
+            engine=config,
+            **kwargs,
         )
-        model = GatedModel(loaded.model, gate) if gate else loaded.model
-        eng = Engine(config, model, loaded.tokenizer, loaded.eos_token_ids, loaded.name)
-        return create_app(ServerConfig(engine=config, **server), eng)
 
     return build
 

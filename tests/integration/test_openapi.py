@@ -14,19 +14,16 @@ from pathlib import Path
 import httpx
 import trio
 
-from infer.engine.config import EngineConfig
-from infer.engine.engine import Engine
-from infer.server.app import create_app
-from infer.server.config import ServerConfig
+from support.apps import build_app
 from support.server import running_server
 
 ST = Path(sys.executable).parent / "st"
 
 
 def _tiny_app(tiny_model, default_tokenizer, **server):
-    config = EngineConfig(max_seq_len=128, max_batch_size=4, dtype="float32")
-    engine = Engine(config, tiny_model, default_tokenizer, [default_tokenizer.eos_token_id], "tiny")
-    return create_app(ServerConfig(engine=config, **server), engine)
+    eos = [default_tokenizer.eos_token_id]
+    engine = {"max_seq_len": 128, "dtype": "float32"}
+    return build_app(tiny_model, default_tokenizer, eos, "tiny", engine=engine, **server)
 
 
 async def test_openapi_document_and_docs_page(tiny_model, default_tokenizer) -> None:

@@ -10,12 +10,8 @@ import torch
 from quart_trio import QuartTrio
 from transformers import PreTrainedTokenizerBase
 
-from infer.engine.config import EngineConfig
-from infer.engine.engine import Engine
 from infer.models.base import CausalLM
-from infer.server.app import create_app
-from infer.server.config import ServerConfig
-from support.server import GatedModel, StepGate
+from support.apps import build_app
 
 
 @pytest.fixture
@@ -28,15 +24,7 @@ def tiny_app(
     ``gate`` wraps the model in a :class:`GatedModel`, ``model`` replaces it.
     """
 
-    def build(
-        engine: dict[str, Any] | None = None,
-        gate: StepGate | None = None,
-        model: torch.nn.Module | None = None,
-        **server: Any,
-    ) -> QuartTrio:
-        config = EngineConfig(**({"max_seq_len": 512, "max_batch_size": 4} | (engine or {})))
-        net = model or (GatedModel(tiny_model, gate) if gate else tiny_model)
-        eng = Engine(config, net, default_tokenizer, [], "tiny")  # type: ignore[arg-type]
-        return create_app(ServerConfig(engine=config, **server), eng)
+    def build(model: torch.nn.Module | None = None, **kwargs: Any) -> QuartTrio:
+        return build_app(model or tiny_model, default_tokenizer, [], "tiny", **kwargs)
 
     return build

@@ -20,52 +20,16 @@ from infer.models.config import ModelConfig
 from infer.models.linear import QuantLinear
 from infer.models.loader import GGUFCheckpoint, LoadError, load_model
 from infer.models.registry import create_model
+from support.tiny import FAMILIES, VOCAB, tiny_reference
 
-VOCAB = 96
 TOL = dict(atol=1e-4, rtol=1e-4)
 RefDir = tuple[transformers.PreTrainedModel, Path]  # reference model, its saved directory
 
 
-def _tiny_config(family: str) -> tuple[transformers.PreTrainedConfig, type]:
-    common = dict(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=96,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        eos_token_id=3,
-    )
-    if family == "llama":
-        cfg = transformers.LlamaConfig(**common, num_hidden_layers=2, tie_word_embeddings=False)
-        return cfg, transformers.LlamaForCausalLM
-    if family == "qwen2":
-        cfg = transformers.Qwen2Config(
-            **common, num_hidden_layers=2, rope_theta=1e6, tie_word_embeddings=False
-        )
-        return cfg, transformers.Qwen2ForCausalLM
-    if family == "qwen3":
-        cfg = transformers.Qwen3Config(
-            **common, num_hidden_layers=2, head_dim=16, tie_word_embeddings=True
-        )
-        return cfg, transformers.Qwen3ForCausalLM
-    # Six layers: llama.cpp's Gemma3 pattern makes every sixth layer global.
-    cfg = transformers.Gemma3TextConfig(
-        **common, num_hidden_layers=6, head_dim=16, sliding_window=4, query_pre_attn_scalar=16
-    )
-    return cfg, transformers.Gemma3ForCausalLM
-
-
 def _tiny_model(family: str) -> transformers.PreTrainedModel:
-    torch.manual_seed(0)
-    cfg, cls = _tiny_config(family)
-    model = cls(cfg).eval()
-    model.set_attn_implementation("eager")
-    with torch.no_grad():  # random init leaves norms at 1 (Gemma: 0), biases at 0
-        for name, p in model.named_parameters():
-            if "norm" in name or name.endswith(".bias"):
-                p.add_(torch.randn_like(p) * 0.2)
-    return model
+    # Gemma3 with six layers: llama.cpp's Gemma3 pattern makes every sixth layer global.
+    layers = 6 if family == "gemma3" else 2
+    return tiny_reference(family, num_hidden_layers=layers, eos_token_id=3)
 
 
 def _save_tiny_tokenizer(path: Path) -> None:
@@ -314,7 +278,7 @@ def _write_gguf(writer: gguf.GGUFWriter) -> None:
     writer.close()
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "gemma3"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_gguf_matches_transformers(family: str, tmp_path: Path) -> None:
     ref = _tiny_model(family)
     path = tmp_path / f"{family}.gguf"

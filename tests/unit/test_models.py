@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 from unittest import mock
 
 import pytest
@@ -22,23 +23,17 @@ from infer.models.base import CausalLM
 from infer.models.config import ModelConfig
 from infer.models.context import AttnCapture
 from infer.models.registry import create_model
+from support.tiny import FAMILIES, VOCAB, tiny_reference
 
 TOL = dict(atol=1e-4, rtol=1e-4)
-VOCAB = 96
 
 
-def _tiny(family: str) -> tuple[transformers.PreTrainedConfig, type]:
-    common = dict(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-    )
-    if family == "llama":
-        rope = {
+# Beyond the shared tiny configs: three layers, and each family's harder cases (Llama 3's
+# rope scaling; Qwen3 and Gemma3 with a head_dim other than hidden / heads; Gemma3's
+# explicit layer pattern, query scale and final soft cap).
+_FIELDS: dict[str, dict[str, Any]] = {
+    "llama": dict(
+        rope_parameters={
             "rope_type": "llama3",
             "factor": 8.0,
             "low_freq_factor": 1.0,
@@ -46,42 +41,27 @@ def _tiny(family: str) -> tuple[transformers.PreTrainedConfig, type]:
             "original_max_position_embeddings": 64,
             "rope_theta": 500000.0,
         }
-        cfg = transformers.LlamaConfig(**common, rope_parameters=rope, tie_word_embeddings=False)
-        return cfg, transformers.LlamaForCausalLM
-    if family == "qwen2":
-        cfg = transformers.Qwen2Config(**common, rope_theta=1e6, tie_word_embeddings=False)
-        return cfg, transformers.Qwen2ForCausalLM
-    if family == "qwen3":
-        cfg = transformers.Qwen3Config(**common, head_dim=32, tie_word_embeddings=True)
-        return cfg, transformers.Qwen3ForCausalLM
-    cfg = transformers.Gemma3TextConfig(
-        **common,
+    ),
+    "qwen2": {},
+    "qwen3": dict(head_dim=32),
+    "gemma3": dict(
         head_dim=32,
-        sliding_window=4,
         query_pre_attn_scalar=12,
         layer_types=["sliding_attention", "full_attention", "sliding_attention"],
         final_logit_softcapping=30.0,
-    )
-    return cfg, transformers.Gemma3ForCausalLM
+    ),
+}
 
 
-def _perturb_norms(model: torch.nn.Module) -> None:
-    # Random init leaves norm weights at 1 (or 0 for Gemma) and biases at 0: make them matter.
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name or name.endswith(".bias"):
-                p.add_(torch.randn_like(p) * 0.2)
+def _reference(family: str) -> transformers.PreTrainedModel:
+    fields = dict(num_hidden_layers=3, max_position_embeddings=256) | _FIELDS[family]
+    return tiny_reference(family, **fields)
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3", "gemma3"])
+@pytest.fixture(scope="module", params=FAMILIES)
 def pair(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
     """(transformers model, our model loaded from its safetensors checkpoint)."""
-    torch.manual_seed(0)
-    cfg, cls = _tiny(request.param)
-    ref = cls(cfg).eval()
-    # transformers' SDPA path drops Gemma's attention soft cap; eager is its reference.
-    ref.set_attn_implementation("eager")
-    _perturb_norms(ref)
+    ref = _reference(request.param)
     path = tmp_path_factory.mktemp(request.param)
     ref.save_pretrained(path, safe_serialization=True)
     ours = _load_dir(path)
@@ -298,10 +278,9 @@ def test_unsupported_architecture_is_a_clear_error() -> None:
 
 
 def test_missing_weight_is_named() -> None:
-    cfg, cls = _tiny("llama")
-    ref = cls(cfg)
+    ref = _reference("llama")
     weights = [(k, v) for k, v in ref.state_dict().items() if "layers.1.mlp.up_proj" not in k]
-    config = ModelConfig.from_hf(cfg.to_dict() | {"architectures": ["LlamaForCausalLM"]})
+    config = ModelConfig.from_hf(ref.config.to_dict() | {"architectures": ["LlamaForCausalLM"]})
     with pytest.raises(ValueError, match=r"missing weights: model\.layers\.1\.mlp\.up_proj"):
         create_model(config, weights, torch.float32)
 
