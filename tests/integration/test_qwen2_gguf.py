@@ -22,7 +22,6 @@ from infer.bench.workloads import SOURCE_TEXT
 from infer.models.linear import QuantGatedLinear, QuantLinear
 from infer.models.loader import LoadedModel, load_model
 from infer.models.packaged import assemble
-from support.reference import transformers_gguf
 
 NAME = "qwen2.5-coder-0.5b"
 CHAT = [{"role": "user", "content": "Write a Python function that adds two numbers."}]
@@ -35,28 +34,25 @@ def gguf_path() -> Path:
     return assemble(NAME)
 
 
-@pytest.fixture(scope="module")
-def quantized() -> LoadedModel:
-    return load_model(NAME)
-
-
 def _prompt(loaded: LoadedModel) -> list[int]:
     text = loaded.tokenizer.apply_chat_template(CHAT, add_generation_prompt=True, tokenize=False)
     return loaded.tokenizer.encode(text, add_special_tokens=False)
 
 
 @torch.inference_mode()
-def test_qwen2_gguf_logits_match_transformers(gguf_path: Path, quantized: LoadedModel) -> None:
+def test_qwen2_gguf_logits_match_transformers(
+    gguf_path: Path, qwen_model: LoadedModel, transformers_reference
+) -> None:
     ours = load_model(str(gguf_path), dtype=torch.float32, weights="bf16")
     config = ours.model.config
     # The real model's shapes: 14 query heads over 2 KV heads, biases on q/k/v only.
     heads = (config.num_attention_heads, config.num_key_value_heads)
     assert heads == (14, 2) and config.qkv_bias
     assert not config.attention_bias
-    ids = _prompt(quantized)
+    ids = _prompt(qwen_model)
     x = torch.tensor([ids])
     got = ours.model(x, torch.arange(len(ids))[None]).logits[0]
-    reference = transformers_gguf(gguf_path)
+    reference = transformers_reference(gguf_path)
     expected = reference(x).logits[0]
     torch.testing.assert_close(got, expected, atol=5e-3, rtol=1e-3)
 
@@ -64,15 +60,15 @@ def test_qwen2_gguf_logits_match_transformers(gguf_path: Path, quantized: Loaded
 @pytest.mark.skipif(not kernels.has_quant(), reason="no AVX512-VNNI: weights are dequantized")
 @torch.inference_mode()
 def test_quantized_weights_agree_with_the_dequantized_model(
-    gguf_path: Path, quantized: LoadedModel
+    gguf_path: Path, qwen_model: LoadedModel
 ) -> None:
-    model = quantized.model
+    model = qwen_model.model
     layer = model.model.layers[0]
     assert isinstance(layer.self_attn.qkv_proj, QuantLinear)
     assert isinstance(layer.mlp.gate_up_proj, QuantGatedLinear)
     assert model.decode_stack is not None  # decode steps still run as one kernel call
     dense = load_model(str(gguf_path), weights="bf16").model
-    ids = quantized.tokenizer.encode(SOURCE_TEXT[:2000], add_special_tokens=False)[:384]
+    ids = qwen_model.tokenizer.encode(SOURCE_TEXT[:2000], add_special_tokens=False)[:384]
     x, pos = torch.tensor([ids]), torch.arange(len(ids))[None]
     q_logits = model(x, pos).logits[0, :-1].float()
     d_logits = dense(x, pos).logits[0, :-1].float()
@@ -84,7 +80,7 @@ def test_quantized_weights_agree_with_the_dequantized_model(
     assert abs(nll_q - nll_d) < 0.02 * nll_d, (nll_q, nll_d)  # perplexity within ~2%
 
 
-def test_qwen2_is_served_with_its_chat_template(quantized: LoadedModel) -> None:
+def test_qwen2_is_served_with_its_chat_template(qwen_model: LoadedModel) -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     command = [sys.executable, "-m", "infer", "serve", "--port", str(port), "--model", NAME]
@@ -107,7 +103,7 @@ def test_qwen2_is_served_with_its_chat_template(quantized: LoadedModel) -> None:
     assert streamed == answer  # greedy: the same text both ways
     assert "def " in answer  # it writes Python, as this model does when asked
     # the server formats chat with the file's template, as the tokenizer does here
-    assert plain.json()["usage"]["prompt_tokens"] == len(_prompt(quantized))
+    assert plain.json()["usage"]["prompt_tokens"] == len(_prompt(qwen_model))
 
 
 async def test_qwen2_serves_every_route(qwen_app) -> None:
