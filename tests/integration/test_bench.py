@@ -14,11 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 
 from infer import cli
 from infer.bench.metrics import LATENCY_METRICS
 from infer.bench.workloads import SCALE_SIZES
 from infer.models.default import default_gguf_path
+from support.server import running_server
 
 pytestmark = pytest.mark.slow
 
@@ -108,27 +110,46 @@ def test_meta_goals_and_markdown(report_dir: Path) -> None:
         assert text in md
 
 
-def test_sampled_load_reaches_the_server(tmp_path: Path) -> None:
+async def test_sampled_load_reaches_the_server(tmp_path: Path, real_app) -> None:
     """--temperature and --top-p go into every server request: the sampled chat load runs
     with no error, every request to its token count unless it sampled EOS first (counted
-    short), and the report says how it sampled."""
+    short), and the report says how it sampled.
+
+    Measured at ``--url`` (the report's infer servers above are the ones bench starts): an
+    app on the session's default model, sized as ``infer serve`` sizes it, so that no
+    server process starts here. bench runs its own event loops: in a worker thread."""
     argv = [
         "bench",
         "--scale",
         "smoke",
         "--systems",
-        "infer-continuous",
+        "url",
         "--workloads",
         "chat64",
         "--temperature",
         "0.8",
         "--no-progress",
     ]
-    assert cli.main([*argv, "--top-p", "0.9", "--out", str(tmp_path)]) == 0
+
+    def bench(*more: str) -> int:
+        return cli.main([*argv, *more])
+
+    app = real_app(engine={"max_seq_len": 2048, "max_batch_size": 64})
+    async with running_server(app) as server:
+        url = ("--url", server.url)
+        sampled = await trio.to_thread.run_sync(
+            bench, *url, "--top-p", "0.9", "--out", str(tmp_path)
+        )
+        # The fields really go out: given a top_p it refuses, the server is not measured.
+        bad = tmp_path / "bad"
+        refused_status = await trio.to_thread.run_sync(
+            bench, *url, "--top-p", "1.5", "--out", str(bad)
+        )
+    assert sampled == 0
     report = _report(tmp_path)
     (run,) = report["runs"]
     (workload,) = report["workloads"]
-    assert run["metrics"]["errors"] == 0
+    assert run["system"] == "url" and run["metrics"]["errors"] == 0
     metrics = run["metrics"]
     # EOS is honoured when sampling: a request that draws it early is short, not an error
     assert metrics["output_tokens"] <= workload["output_tokens"]
@@ -137,9 +158,7 @@ def test_sampled_load_reaches_the_server(tmp_path: Path) -> None:
     assert "temperature 0.8" in note and "top_p 0.9" in note
     md = (tmp_path / report["files"]["md"]).read_text()
     assert note in md
-    # The fields really go out: given a top_p it refuses, the server is not measured.
-    bad = tmp_path / "bad"
-    assert cli.main([*argv, "--top-p", "1.5", "--out", str(bad)]) == 1
+    assert refused_status == 1
     refused = _report(bad)
     assert refused["runs"] == []
     (unavailable,) = refused["unavailable"]
