@@ -201,7 +201,7 @@ async def test_every_call_at_temperature_one_fits_its_schema(qwen_app: AppFactor
                 tool_choice=choice,
                 temperature=1.0,
                 seed=7,
-                n=8,
+                n=4,
                 max_tokens=64,
             )
             for choice in CHOICES
@@ -220,7 +220,7 @@ async def test_every_call_at_temperature_one_fits_its_schema(qwen_app: AppFactor
             for call in message.tool_calls or []:
                 _valid(call.function.name, call.function.arguments)
                 calls += 1
-    assert calls >= 30  # of 48 choices; none invalid
+    assert calls >= 15  # of 24 choices; none invalid
 
 
 async def test_a_call_cut_by_max_tokens_is_never_sent_as_a_call(qwen_app: AppFactory) -> None:
