@@ -209,59 +209,6 @@ async def _until_each_runs(urls: list[str]) -> None:
         await trio.sleep(0.2)
 
 
-async def test_a_replica_killed_mid_load_ends_its_streams_and_the_other_keeps_serving() -> None:
-    ports = [free_port(), free_port()]
-    commands = [
-        infer_command(port, "continuous", "default", "bfloat16", SERVE[:4]) for port in ports
-    ]
-    urls = [f"http://127.0.0.1:{port}" for port in ports]
-    with (
-        running_server(commands[0], urls[0], "/health") as one,
-        running_server(commands[1], urls[1], "/health"),
-        cluster(
-            "--worker-url", urls[0], "--worker-url", urls[1], "--policy", "round_robin"
-        ) as running,
-    ):
-        results: list[str] = []
-        async with httpx.AsyncClient(base_url=running.gateway, timeout=120) as client:
-
-            async def long_stream(i: int) -> None:
-                body = {
-                    "model": "default",
-                    "stream": True,
-                    "max_tokens": 400,
-                    "ignore_eos": True,
-                    "messages": [{"role": "user", "content": f"Tell a long story ({i})."}],
-                }
-                try:
-                    async with client.stream("POST", "/v1/chat/completions", json=body) as r:
-                        text = ""
-                        async for chunk in r.aiter_text():
-                            text += chunk
-                        results.append("done" if "[DONE]" in text else "cut")
-                        if '"error"' in text:
-                            results[-1] = "error"
-                except httpx.HTTPError:
-                    results.append("broken")
-
-            with trio.fail_after(90):  # every stream ends: none hangs
-                async with trio.open_nursery() as nursery:
-                    for i in range(8):
-                        nursery.start_soon(long_stream, i)
-                    # Once both replicas run streams, kill the first one outright.
-                    await _until_each_runs(urls)
-                    os.kill(one.pid, signal.SIGKILL)
-            after = [await _chat(client, f"Say hello ({i}).") for i in range(6)]
-        print(f"\nstreams when a replica was killed: {sorted(results)}")
-        assert running.process.poll() is None  # the gateway outlives a replica it fronts
-        assert len(results) == 8
-        assert any(r != "done" for r in results), results  # the killed replica's streams
-        assert any(r == "done" for r in results), results  # the other one's
-        for text in after:
-            assert text.endswith("data: [DONE]\n\n") and '"error"' not in text, text
-        assert await _metric(urls[1], "infer_requests_total") >= 6 + results.count("done")
-
-
 async def test_cluster_stops_everything_and_fails_when_a_replica_dies() -> None:
     with cluster("--replicas", "2", "--", *SERVE) as running:
         os.kill(running.pids[1], signal.SIGKILL)  # replica 1
@@ -281,10 +228,39 @@ async def _refused(url: str) -> bool:
     return False
 
 
-async def test_a_draining_replica_finishes_its_streams_and_is_readmitted_after_a_restart() -> None:
-    """SIGTERM to one replica under load (with a drain grace): its running streams finish,
+async def _long_streams(client: httpx.AsyncClient, n: int, results: list[str]) -> None:
+    """``n`` streams of 200 tokens; each ends as ``done``, ``cut``, ``error`` or ``broken``."""
+
+    async def one(i: int) -> None:
+        body = {
+            "model": "default",
+            "stream": True,
+            "max_tokens": 200,
+            "ignore_eos": True,
+            "messages": [{"role": "user", "content": f"Tell a long story ({i})."}],
+        }
+        try:
+            async with client.stream("POST", "/v1/chat/completions", json=body) as r:
+                text = "".join([chunk async for chunk in r.aiter_text()])
+            results.append("done" if "[DONE]" in text else "cut")
+            if '"error"' in text:
+                results[-1] = "error"
+        except httpx.HTTPError:
+            results.append("broken")
+
+    async with trio.open_nursery() as nursery:
+        for i in range(n):
+            nursery.start_soon(one, i)
+
+
+async def test_a_replica_drained_restarted_then_killed_under_load() -> None:
+    """Two replicas behind a round-robin gateway.
+
+    SIGTERM to the first under load (with a drain grace): its running streams finish,
     requests that arrive meanwhile are served by the other (none is lost), and once it is
-    started again the gateway sends it requests again."""
+    started again the gateway sends it requests again. Then SIGKILL to it mid-load: its
+    streams end (none hangs), the other's finish, and the gateway goes on serving.
+    """
     ports = [free_port(), free_port()]
     serve = [*SERVE[:4], "--drain-grace-s", "60"]
     commands = [infer_command(port, "continuous", "default", "bfloat16", serve) for port in ports]
@@ -317,11 +293,26 @@ async def test_a_draining_replica_finishes_its_streams_and_is_readmitted_after_a
                         await trio.sleep(0.2)
                 first.close()
                 # started again on its port: the gateway's health checks let it back in
-                first.enter_context(running_server(commands[0], urls[0], "/health"))
+                one = first.enter_context(running_server(commands[0], urls[0], "/health"))
                 with trio.fail_after(90):
                     while await _metric(urls[0], "infer_requests_total") < 1:
                         texts.append(await _chat(client, "Say hello."))
+
+                results: list[str] = []
+                with trio.fail_after(90):  # every stream ends: none hangs
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(_long_streams, client, 8, results)
+                        await _until_each_runs(urls)
+                        os.kill(one.pid, signal.SIGKILL)  # outright, mid-stream
+                after = [await _chat(client, f"Say hello ({i}).") for i in range(6)]
+            assert running.process.poll() is None  # the gateway outlives a replica it fronts
     assert len(texts) >= 8 + 6 + 1
     for text in texts:  # every stream ran to its end: none was cut or lost
         assert text.endswith("data: [DONE]\n\n") and '"error"' not in text, text
         assert text.count('"finish_reason":"length"') == 1 or '"finish_reason":"stop"' in text
+    print(f"\nstreams when a replica was killed: {sorted(results)}")
+    assert len(results) == 8
+    assert any(r != "done" for r in results), results  # the killed replica's streams
+    assert any(r == "done" for r in results), results  # the other one's
+    for text in after:
+        assert text.endswith("data: [DONE]\n\n") and '"error"' not in text, text
