@@ -125,34 +125,6 @@ async def _chat(client: httpx.AsyncClient, content: str, max_tokens: int = 8) ->
         return "".join([chunk async for chunk in r.aiter_text()])
 
 
-async def test_cluster_of_two_replicas_serves_32_streams_and_stops_on_sigterm() -> None:
-    # cache_aware (the default) sends prompts that share most of their text (here the chat
-    # template) to one replica until the load differs by --balance-abs-threshold requests
-    # (64 by default): lowered, so that 32 streams spread.
-    balance = "--gateway-arg=--balance-abs-threshold=4"
-    with cluster("--replicas", "2", balance, "--", *SERVE) as running:
-        assert len(running.replicas) == 2
-        texts: list[str] = []
-        async with httpx.AsyncClient(base_url=running.gateway, timeout=120) as client:
-
-            async def one(i: int) -> None:
-                texts.append(await _chat(client, f"Name a colour, please ({i})."))
-
-            async with trio.open_nursery() as nursery:
-                for i in range(32):
-                    nursery.start_soon(one, i)
-        served = [await _metric(url, "infer_requests_total") for url in running.replicas]
-        running.process.send_signal(signal.SIGTERM)
-        code = await trio.to_thread.run_sync(running.process.wait, STOP_TIMEOUT_S)
-    assert len(texts) == 32
-    for text in texts:
-        assert text.endswith("data: [DONE]\n\n") and text.count("data: [DONE]") == 1, text
-    assert all(n > 0 for n in served), served  # both replicas took a share
-    assert sum(served) == 32
-    assert code == 0
-    assert not [pid for pid in running.pids if _alive(pid)]
-
-
 def _prefixes(seed: int, n: int) -> list[str]:
     """``n`` different long texts (~400 tokens each) of random words."""
     rng = random.Random(seed)
@@ -188,10 +160,19 @@ async def _prefix_hit_rate(gateway: str, replicas: list[str], seed: int) -> floa
     return cached / prompt
 
 
-async def test_cache_aware_routing_hits_the_prefix_cache_more_than_round_robin() -> None:
+async def test_a_cluster_routes_by_prefix_serves_32_streams_and_stops_on_sigterm() -> None:
+    """Two replicas behind the cache-aware gateway: prompts that share a prefix go where it
+    is cached (more hits than a round-robin gateway in front of the same replicas); 32
+    concurrent streams spread over both; SIGTERM stops every process, exit status 0."""
     # Room for every prefix of both runs on each replica: no eviction blurs the comparison.
     serve = [*SERVE, "--kv-cache-gb", "0.3"]
-    with cluster("--replicas", "2", "--policy", "cache_aware", "--", *serve) as running:
+    # cache_aware sends prompts that share most of their text (here the chat template) to
+    # one replica until the load differs by --balance-abs-threshold requests (64 by
+    # default): lowered, so that 32 streams spread. The prefix runs send one at a time.
+    balance = "--gateway-arg=--balance-abs-threshold=4"
+    args = ("--replicas", "2", "--policy", "cache_aware", balance)
+    with cluster(*args, "--", *serve) as running:
+        assert len(running.replicas) == 2
         replicas = list(running.replicas)
         aware = await _prefix_hit_rate(running.gateway, replicas, seed=1)
         # A second gateway, round-robin, in front of the same replicas (new prefixes).
@@ -199,8 +180,32 @@ async def test_cache_aware_routing_hits_the_prefix_cache_more_than_round_robin()
         with cluster(*urls, "--policy", "round_robin") as robin:
             assert robin.replicas == {}  # only the gateway started
             rr = await _prefix_hit_rate(robin.gateway, replicas, seed=2)
+
+        before = [await _metric(url, "infer_requests_total") for url in replicas]
+        texts: list[str] = []
+        async with httpx.AsyncClient(base_url=running.gateway, timeout=120) as client:
+
+            async def one(i: int) -> None:
+                texts.append(await _chat(client, f"Name a colour, please ({i})."))
+
+            async with trio.open_nursery() as nursery:
+                for i in range(32):
+                    nursery.start_soon(one, i)
+        served = [
+            await _metric(url, "infer_requests_total") - n
+            for url, n in zip(replicas, before, strict=True)
+        ]
+        running.process.send_signal(signal.SIGTERM)
+        code = await trio.to_thread.run_sync(running.process.wait, STOP_TIMEOUT_S)
     print(f"\nprefix cache hit rate: cache_aware {aware:.1%}, round_robin {rr:.1%}")
     assert aware > rr + 0.1
+    assert len(texts) == 32
+    for text in texts:
+        assert text.endswith("data: [DONE]\n\n") and text.count("data: [DONE]") == 1, text
+    assert all(n > 0 for n in served), served  # both replicas took a share
+    assert sum(served) == 32
+    assert code == 0
+    assert not [pid for pid in running.pids if _alive(pid)]
 
 
 async def _until_each_runs(urls: list[str]) -> None:
