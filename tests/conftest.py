@@ -33,15 +33,15 @@ def default_gguf_path() -> Path:
 
 
 @pytest.fixture(scope="session")
-def default_tokenizer(pytestconfig: pytest.Config) -> PreTrainedTokenizerBase:
+def default_tokenizer() -> PreTrainedTokenizerBase:
     """The default model's tokenizer (SmolLM2-135M-Instruct, byte-level BPE).
 
     transformers builds it from the GGUF file (a few seconds: it parses the vocabulary) and
-    the tests keep it in pytest's cache; later runs load that in a fraction of a second.
+    the tests keep it (support/cache.py); later runs load that in a fraction of a second.
     """
     path = default_gguf_path()
     return cached(
-        cache_folder(pytestconfig, "tokenizers"),
+        cache_folder("tokenizers"),
         path,
         lambda: AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name),
         lambda tokenizer, folder: tokenizer.save_pretrained(folder),
@@ -75,10 +75,8 @@ def tiny_model() -> CausalLM:
 
 
 @pytest.fixture(scope="session")
-def transformers_reference(pytestconfig: pytest.Config) -> Callable[[Path], PreTrainedModel]:
+def transformers_reference() -> Callable[[Path], PreTrainedModel]:
     """``reference(path)``: transformers' own load of a GGUF file in float32 (see
-    :func:`support.reference.transformers_gguf`), kept in pytest's cache so that only the
-    first run converts it."""
-    return functools.partial(
-        transformers_gguf, cache=cache_folder(pytestconfig, "transformers-gguf")
-    )
+    :func:`support.reference.transformers_gguf`), kept (support/cache.py) so that only the
+    first run on a machine converts it."""
+    return functools.partial(transformers_gguf, cache=cache_folder("transformers-gguf"))

@@ -1,14 +1,17 @@
-"""What the tests derive from a model file and keep between runs: a folder per file in
-pytest's cache (``.pytest_cache``; ``--cache-clear`` empties it).
+"""What the tests derive from a model file and keep between runs: a folder per file under
+infer's own cache of files derived from model files (``$INFER_CACHE_DIR``, by default
+``~/.cache/infer``, beside the tokenizers infer keeps there), so that every checkout on a
+machine shares them; delete ``test-references/`` there to rebuild them.
 
-An entry's name holds a key of the file as it is now (path, size, modification time) and of
-the libraries that wrote it (transformers, gguf), so that a changed file or a new version
-makes a new entry; writing it removes the file's older entries. Entries are written
-atomically: another run of the suite in the same tree may write the same one.
+An entry's name holds a key of the file's content and of the libraries that wrote it
+(transformers, gguf), so that a changed file or a new version makes a new entry; writing it
+removes the file's older entries. Entries are written atomically: another run of the suite
+may write the same one.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import re
@@ -18,15 +21,16 @@ from importlib.metadata import version as installed
 from pathlib import Path
 from typing import TypeVar
 
-import pytest
+from infer.models.derived_files import cache_dir
 
 T = TypeVar("T")
 
 
-def cache_folder(config: pytest.Config, name: str) -> Path | None:
-    """``name`` under pytest's cache folder (``None`` with the cache plugin off)."""
-    cache = getattr(config, "cache", None)
-    return cache.mkdir(name) if cache is not None else None
+def cache_folder(name: str) -> Path:
+    """The folder of the entries called ``name`` (made if need be)."""
+    folder = cache_dir() / "test-references" / name
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
 
 
 def cached(
@@ -60,11 +64,17 @@ def cached(
 
 def _key(source: Path, version: int) -> str:
     st = source.stat()
-    ident = (
-        f"{version}:{source.resolve()}:{st.st_size}:{st.st_mtime_ns}:"
-        f"{installed('transformers')}:{installed('gguf')}"
-    )
+    digest = _digest(source.resolve(), st.st_size, st.st_mtime_ns)
+    ident = f"{version}:{digest}:{installed('transformers')}:{installed('gguf')}"
     return hashlib.sha256(ident.encode()).hexdigest()[:16]
+
+
+@functools.cache
+def _digest(path: Path, size: int, mtime_ns: int) -> str:
+    """The file's content hash (once per process while it is unchanged): the same file in
+    another checkout's environment has the same entries."""
+    with path.open("rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _write(entry: Path, save: Callable[[Path], None]) -> None:
