@@ -15,18 +15,16 @@ from typing import Any
 import httpx
 import pytest
 import torch
-import transformers
 from torch import Tensor, nn
 
 from infer.engine.config import EngineConfig
 from infer.engine.engine import Engine
-from infer.models.config import ModelConfig
 from infer.models.context import PagedContext
 from infer.models.loader import LoadedModel
-from infer.models.registry import create_model
 from infer.server.app import create_app
 from infer.server.config import ServerConfig
 from support.server import running_server
+from support.tiny import ours_from, tiny_reference
 
 pytestmark = pytest.mark.slow
 
@@ -77,22 +75,16 @@ class ScriptedModel(nn.Module):
 
 @pytest.fixture(scope="module")
 def thinking_app(qwen_model: LoadedModel) -> tuple[Any, ScriptedModel, Any]:
-    torch.manual_seed(0)
     tokenizer = copy.deepcopy(qwen_model.tokenizer)
     tokenizer.chat_template = TEMPLATE
-    cfg = transformers.Qwen3Config(
+    ref = tiny_reference(
+        "qwen3",
+        perturb=False,
         vocab_size=len(tokenizer),
-        hidden_size=64,
         intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        tie_word_embeddings=True,
+        max_position_embeddings=32768,
     )
-    ref = transformers.Qwen3ForCausalLM(cfg)
-    config = ModelConfig.from_hf(cfg.to_dict() | {"architectures": ["Qwen3ForCausalLM"]})
-    model = ScriptedModel(create_model(config, ref.state_dict().items(), torch.float32), 151645)
+    model = ScriptedModel(ours_from(ref), 151645)
 
     def build() -> Any:
         engine_config = EngineConfig(max_seq_len=512, max_batch_size=2, dtype="float32")
