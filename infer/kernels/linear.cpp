@@ -11,11 +11,11 @@
 //
 // bf16_gated_linear is the MLP's gate/up projection with its activation: the weight's rows
 // come 32 gate then 32 up at a time, so a tile's float accumulators hold matching gate and
-// up columns and it writes only act(gate) * up (30 layers at 1024 rows: 298-301 -> 266-272
-// ms against the projection plus a separate activation pass).
+// up columns and it writes only act(gate) * up, instead of the projection plus a separate
+// activation pass.
 //
-// oneDNN reorders weights the same way but costs ~40 us per call at these sizes; at one row
-// the model's 120 linears ran at half the memory bandwidth (16.5 ms where 8 ms would do).
+// oneDNN reorders weights the same way, but its per-call cost at these sizes left one row's
+// linears at half the memory bandwidth.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -215,9 +215,8 @@ constexpr int64_t kAmxKChunk = 576;
 
 // 2 x 2 blocks' accumulators, two buffers: while the tile unit computes one block, the
 // previous block's rows go through the epilogue (bias, activation, bf16), a row per k step,
-// so the vector units' work overlaps the tile products instead of following them. The
-// gated projection's SiLU gains most (one core, 512 rows x 64 columns, K = 576: 1.31 -> 1.50
-// TFLOP/s); 16 W2 prompts' prefill in process: 1761-1786 -> 1670-1698 ms.
+// so the vector units' work overlaps the tile products instead of following them (the gated
+// projection's SiLU gains most).
 using Acc32 = float[2 * kTileRows][kCols * kLanes];
 template <int C>
 struct PendingRows {
@@ -430,9 +429,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t out_fea
   // threads stream the weights past the same rows. Each thread runs its own share of items in
   // order (parallel_owned), so it knows its next one: its tiles prefetch that item's weights
   // into L2, spread over the tiles as far as a line per k pair allows. The weights then come
-  // from memory while this item computes, not stalling the next item's first tile (the 120
-  // linears and the head, cold weights: 1 row 10.5-11.3 -> 9.7-10.5 ms, 16 rows 17.2-18.7
-  // -> 15.4-18.0 ms, 64 rows within noise).
+  // from memory while this item computes, not stalling the next item's first tile.
   const bool amx = amx_usable(k);
   const int64_t row_block = amx ? amx_row_block(k) : kRowBlock;
   const int64_t row_blocks = (rows + row_block - 1) / row_block;
@@ -440,9 +437,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t out_fea
   // block (the model's o and down projections have 9, qkv 15). The AVX512 kernel splits the
   // last group of a plain linear into two 32-column items (6 x 2 tiles) and puts them in the
   // middle of the row block's items, where two threads' shares meet: each thread gets half
-  // of it. At 64 rows on a Zen 5, one layer's weights hot: o 48.6 -> 43.0 us, down 120.5 ->
-  // 107-109, qkv 75.5 -> 69-70; the 30 layers' cold, 14.6-14.7 -> 14.3 ms. AMX items stay
-  // whole.
+  // of it. AMX items stay whole.
   const bool split = !amx && act == kNone && groups % 2 == 1 && blocks % kCols == 0 &&
                      at::get_num_threads() == 2;
   const int64_t per_block = groups + (split ? 1 : 0), middle = per_block / 2;

@@ -214,8 +214,7 @@ inline void softmax_bf16(float* x, uint16_t* p, int64_t begin, int64_t lo, int64
 // Run fn(begin, end) over [0, n) on every OpenMP thread, each taking the next `chunk` as it
 // finishes one. The two cores are shared with the event loop and the clients: a static split
 // makes the whole call wait for a thread the OS has taken away, while here the other thread
-// takes over its remaining chunks (a B16 decode step with a process busy 25% of one core:
-// 50 ms with static splits, against 33 ms alone).
+// takes over its remaining chunks.
 template <typename F>
 inline void parallel_chunks(int64_t n, int64_t chunk, const F& fn) {
   std::atomic<int64_t> next{0};
