@@ -187,7 +187,14 @@ async def decode(state: ServerState, ids: list[int]) -> str:
     return str(await trio.to_thread.run_sync(engine.tokenizer.decode, ids))
 
 
-class CompletionWriter(Writer):
+class _OpenAIWriter(Writer):
+    """A writer of OpenAI's shapes: a timeout ends a choice with `length`, not an error."""
+
+    def is_error(self, out: StepOutput) -> bool:
+        return out.outcome is not None and openai.finish_reason(out.outcome) is None
+
+
+class CompletionWriter(_OpenAIWriter):
     """Completions and chat completions: a chunk per output then ``[DONE]``, or one body.
 
     Args:
@@ -220,9 +227,6 @@ class CompletionWriter(Writer):
         self.texts: list[list[str]] = [[] for _ in range(count)]
         self.choices = [openai.Choice("", None, []) for _ in range(count)]
         self.outcomes: list[Outcome | None] = [None] * count
-
-    def is_error(self, out: StepOutput) -> bool:
-        return out.outcome is not None and openai.finish_reason(out.outcome) is None
 
     def start(self) -> bytes:
         if not self.streamed:
@@ -393,7 +397,7 @@ def assistant_message(reply: ReplyParser) -> ChatMessage:
     return ChatMessage(role="assistant", content=content, tool_calls=calls or None)
 
 
-class ResponsesWriter(Writer):
+class ResponsesWriter(_OpenAIWriter):
     """The Responses events of one reply, or the whole response object.
 
     Args:
@@ -421,9 +425,6 @@ class ResponsesWriter(Writer):
         self.keep = keep
         self.outcome: Outcome | None = None
         self.response: dict[str, Any] = {}
-
-    def is_error(self, out: StepOutput) -> bool:
-        return out.outcome is not None and openai.finish_reason(out.outcome) is None
 
     def start(self) -> bytes:
         return self._frames(self.builder.start())
