@@ -112,11 +112,13 @@ def _run_engine(loaded: LoadedModel, reqs: tuple[BenchRequest, ...], mode: str) 
     return time.perf_counter() - start
 
 
-def bench_steps(context: int, steps: int, model: str, weights: str) -> None:
-    """Mean time of one decode step at batch 1, 16 and 64, every sequence at ``context``."""
+def bench_steps(
+    context: int, steps: int, model: str, weights: str, batches: tuple[int, ...]
+) -> None:
+    """Median time of one decode step at each batch size, every sequence at ``context``."""
     loaded = load_model(model, torch.bfloat16, weights=weights)
     print(f"| batch | decode step ms (context {context}) | tok/s |\n|---|---|---|")
-    for batch in (1, 16, 64):
+    for batch in batches:
         config = EngineConfig(
             max_batch_size=batch,
             max_seq_len=context + steps + 8,
@@ -147,13 +149,20 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--model", default="default", help="steps: the model to load")
     p.add_argument("--weights", default="auto", choices=WEIGHT_MODES, help="steps: as serve's")
+    p.add_argument("--batches", default="1,16,64", help="steps: comma-separated batch sizes")
     args = p.parse_args()
     if args.what == "generate":
         bench_generate(args.new_tokens, args.prompt_len)
     elif args.what == "engine":
         bench_engine(args.seed)
     else:
-        bench_steps(args.context, args.steps, args.model, args.weights)
+        bench_steps(
+            args.context,
+            args.steps,
+            args.model,
+            args.weights,
+            tuple(int(b) for b in args.batches.split(",")),
+        )
 
 
 if __name__ == "__main__":

@@ -119,15 +119,27 @@ class BlockManager:
                 self._by_hash[digest] = block
                 self._hash_of[block] = digest
 
+    def trim(self, request_id: str, num_tokens: int) -> None:
+        """Give back the blocks past the first ``num_tokens`` tokens' (positions written
+        by draft tokens that were not kept)."""
+        table = self.tables.get(request_id, [])
+        keep = self.blocks_for(num_tokens)
+        for block in table[keep:]:
+            self._release(block)
+        del table[keep:]
+
     def free(self, request_id: str) -> None:
         """Drop a request's references; blocks nobody holds go back to the pool."""
         self._hashed.pop(request_id, None)
         for block in self.tables.pop(request_id, []):
-            self._refs[block] -= 1
-            if self._refs[block] == 0:
-                self._free[block] = None  # most recently used: a cached block waits longest
-                if block not in self._hash_of:  # holds nothing reusable: hand it out first
-                    self._free.move_to_end(block, last=False)
+            self._release(block)
+
+    def _release(self, block: int) -> None:
+        self._refs[block] -= 1
+        if self._refs[block] == 0:
+            self._free[block] = None  # most recently used: a cached block waits longest
+            if block not in self._hash_of:  # holds nothing reusable: hand it out first
+                self._free.move_to_end(block, last=False)
 
     def _take(self, block: int) -> None:
         if self._refs[block] == 0:

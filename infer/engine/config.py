@@ -12,6 +12,7 @@ BATCHING_MODES = ("static", "continuous")
 # How linear weights are held: as the checkpoint has them (a GGUF file's quantization, a
 # safetensors file's dtype), dense in ``dtype``, or quantized at load to 8 or 4 bits.
 WEIGHT_MODES = ("auto", "bf16", "int8", "int4")
+MAX_DRAFT_TOKENS = 64
 DEFAULT_KV_CACHE_GB = 0.75  # today's 16 rows x 2048 tokens of the default model, in bf16
 
 
@@ -42,6 +43,12 @@ class EngineConfig:
             ``max_batch_size`` requests of ``max_seq_len`` tokens need less). When it is
             full, new requests wait and running ones may be preempted (recomputed later).
         prefix_caching: Reuse the KV blocks of prompt prefixes seen before.
+        draft_tokens: Most draft tokens a decoding request verifies per step (speculative
+            decoding from its ``prediction`` and its own prompt; 0 turns it off). The output
+            is the same either way; fewer are verified where they are unlikely to pay.
+        draft_row_cost: What verifying one more token costs, as a share of a one-token
+            step (``bench/offline.py steps`` measures it: the step time's growth per row
+            over the one-row time).
         seed: Seed for requests that set none (``None``: nondeterministic).
         num_threads: Torch intra-op threads for the engine thread (``None``: torch default).
 
@@ -62,6 +69,8 @@ class EngineConfig:
     block_size: int = 16
     kv_cache_gb: float | None = None
     prefix_caching: bool = True
+    draft_tokens: int = 16
+    draft_row_cost: float = 0.13
     seed: int | None = None
     num_threads: int | None = None
 
@@ -85,6 +94,12 @@ class EngineConfig:
             raise ValueError(f"batch_wait_timeout_s must be >= 0, got {self.batch_wait_timeout_s}")
         if self.kv_cache_gb is not None and not self.kv_cache_gb > 0:
             raise ValueError(f"kv_cache_gb must be > 0, got {self.kv_cache_gb}")
+        if not 0 <= self.draft_tokens <= MAX_DRAFT_TOKENS:
+            raise ValueError(
+                f"draft_tokens must be in [0, {MAX_DRAFT_TOKENS}], got {self.draft_tokens}"
+            )
+        if not self.draft_row_cost > 0:
+            raise ValueError(f"draft_row_cost must be > 0, got {self.draft_row_cost}")
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")
 

@@ -104,8 +104,9 @@ class Engine:
         params: SamplingParams,
         request_id: str | None = None,
         trace: TraceSpec | None = None,
+        prediction: str | Sequence[int] | None = None,
     ) -> Request:
-        """Encode (text), check and queue a request.
+        """Encode (text), check and queue a request (``prediction``: see :meth:`queue`).
 
         Raises:
             RequestError: The prompt is empty or has ids outside the vocabulary, or
@@ -113,7 +114,16 @@ class Engine:
         """
         ids = encode_prompt(self.tokenizer, self.model.config.vocab_size, prompt)
         self.check(len(ids), params.max_new_tokens, trace)
-        return self.queue(ids, params, request_id, trace)
+        predicted = None
+        if prediction is not None:
+            predicted = self.encode_prediction(prediction)
+        return self.queue(ids, params, request_id, trace, predicted)
+
+    def encode_prediction(self, prediction: str | Sequence[int]) -> list[int]:
+        """A prediction's token ids (text is encoded without special tokens)."""
+        if isinstance(prediction, str):
+            return list(self.tokenizer.encode(prediction, add_special_tokens=False))
+        return list(prediction)
 
     def check(self, prompt_len: int, max_new_tokens: int, trace: TraceSpec | None) -> None:
         """Refuse a request that cannot fit in ``max_seq_len`` or traces a missing layer.
@@ -140,9 +150,20 @@ class Engine:
         params: SamplingParams,
         request_id: str | None = None,
         trace: TraceSpec | None = None,
+        prediction: list[int] | None = None,
     ) -> Request:
-        """Queue a request whose ids and limits were checked (:meth:`check`)."""
+        """Queue a request whose ids and limits were checked (:meth:`check`).
+
+        Args:
+            ids: The prompt's token ids.
+            params: How it samples and stops.
+            request_id: Its id (default: a fresh one).
+            trace: The per-token trace it asks for.
+            prediction: Token ids its answer is expected to repeat (drafts come from them
+                first).
+        """
         request = Request(request_id or f"req-{next(self._ids)}", ids, params, trace=trace)
+        request.drafts.prediction = prediction
         seed = params.seed
         if seed is None and self._seeds is not None:
             seed = self._seeds.getrandbits(63)
@@ -195,8 +216,12 @@ class Engine:
         return out.attn[layer][0, head].float().cpu()
 
     def cache_stats(self) -> dict[str, int]:
-        """KV cache counters for ``/metrics`` (plain ints: safe to read from another thread)."""
+        """KV cache and draft counters for ``/metrics`` (plain ints: safe to read from
+        another thread)."""
+        spec = self.scheduler.speculator
         return {
+            "infer_draft_tokens_total": spec.drafted,
+            "infer_draft_tokens_accepted_total": spec.accepted,
             "infer_kv_blocks_used": self.blocks.num_used,
             "infer_kv_blocks_total": self.blocks.num_blocks,
             "infer_prefix_cache_hits_total": self.blocks.hits,
@@ -217,16 +242,24 @@ class Engine:
 
     def _process(self, result: RunnerOutput) -> list[StepOutput]:
         outputs = self._score_prompts(result.prompt_rows)
-        requests, logits = result.requests, result.logits
-        if requests and logits is not None:
-            # A request that only scores its prompt ends when the prompt is done; one whose
-            # scoring failed has ended already.
-            live = [r for r in requests if not r.is_finished]
-            outputs += [self._end_scored(r) for r in live if not r.params.max_new_tokens]
-            sampled = [i for i, r in enumerate(requests) if r in live and r.params.max_new_tokens]
-            if len(sampled) < len(requests):
-                requests, logits = [requests[i] for i in sampled], logits[sampled]
-            outputs += self._sample(result.attn, requests, logits)
+        if result.logits is None:
+            return outputs
+        plain: list[tuple[Request, int]] = []  # each request without a draft, and its row
+        verify: list[tuple[Request, int]] = []  # each with one, and its first row
+        row = 0
+        for req in result.requests:
+            first, row = row, row + 1 + len(req.draft)
+            if req.is_finished:  # its prompt scoring failed
+                continue
+            if not req.params.max_new_tokens:  # it only scored its prompt
+                outputs.append(self._end_scored(req))
+            elif req.draft:
+                verify.append((req, first))
+            else:
+                plain.append((req, first))
+        outputs += self._sample(result, plain)
+        for req, first in verify:
+            outputs += self._verify(result, req, first)
         return outputs
 
     def _score_prompts(self, rows: list[PromptRows]) -> list[StepOutput]:
@@ -254,12 +287,15 @@ class Engine:
         self._release(req)
         return self._output(req, None, "")
 
-    def _sample(
-        self, attn: dict[str, torch.Tensor], requests: list[Request], logits: torch.Tensor
-    ) -> list[StepOutput]:
-        """Each request's next token (with its logprobs and trace, when asked)."""
-        if not requests:
+    def _sample(self, result: RunnerOutput, plain: list[tuple[Request, int]]) -> list[StepOutput]:
+        """The next token of each request of ``plain`` (one row each), with its logprobs and
+        trace when asked: the whole batch at once."""
+        if not plain:
             return []
+        requests = [req for req, _ in plain]
+        rows = [row for _, row in plain]
+        assert result.logits is not None
+        logits = result.logits if len(rows) == result.logits.shape[0] else result.logits[rows]
         try:
             penalized = any(r.params.repetition_penalty != 1.0 for r in requests)
             tokens = sample(
@@ -268,30 +304,94 @@ class Engine:
                 [r.generator for r in requests],
                 [r.history if penalized else () for r in requests],
             )
-            top_k = max(max(r.params.logprobs, r.trace.top_k if r.trace else 0) for r in requests)
-            wanted = any(r.params.logprobs or r.trace for r in requests)
-            lps = token_logprobs(logits, tokens, top_k) if wanted else None
+            lps = self._logprobs(requests, logits, tokens)
         except Exception as e:  # noqa: BLE001 - a batch-wide failure fails the batch
             return self._fail_requests(requests, e)
         outputs = []
         for i, (req, token) in enumerate(zip(requests, tokens, strict=True)):
             try:
-                out = self._append_token(req, token)
-                if lps is not None:
-                    chosen, top = lps[i]
-                    if req.params.logprobs:
-                        out.logprobs = Logprobs(
-                            self._text(token),
-                            chosen,
-                            [(self._text(t), lp) for t, lp in top[: req.params.logprobs]],
-                        )
-                    if req.trace is not None:
-                        row = attn.get(req.request_id)
-                        out.trace = self._trace(req.trace, logits[i], chosen, top, row)
+                lp = lps[i] if lps else None
+                out = self._emit(req, token, logits[i], lp, result.attn[rows[i]])
             except Exception as e:  # noqa: BLE001 - one request's failure ends only it
                 out = self._fail_requests([req], e)[0]
             outputs.append(out)
         return outputs
+
+    def _verify(self, result: RunnerOutput, req: Request, first: int) -> list[StepOutput]:
+        """Sample a request's tokens from its rows in turn while they agree with its draft.
+
+        Row ``j`` holds the distribution after draft token ``j - 1``; it is sampled as a
+        plain step would sample it (same rules, same generator), and the draft goes on
+        only while the sampled token is its next token. So a greedy request keeps the
+        draft while it is the argmax, and a sampled one keeps draft token ``x`` with
+        probability ``p(x)`` and otherwise draws from ``p`` without ``x``: the rule
+        ``min(1, p/q)`` with its residual, for a draft that is one certain token. The
+        output is token for token the one a request without drafts would produce.
+        """
+        assert result.logits is not None
+        draft, kept, outputs = req.draft, 0, []
+        for j in range(len(draft) + 1):
+            if j:  # draft token j - 1 was kept: its key and value stay in the cache
+                req.num_cached += 1
+            row = result.logits[first + j : first + j + 1]
+            try:
+                history = req.history if req.params.repetition_penalty != 1.0 else ()
+                processed = process_logits(row, [req])
+                token = sample(processed, [req.params], [req.generator], [history])[0]
+                lps = self._logprobs([req], row, [token])
+                lp = lps[0] if lps else None
+                out = self._emit(req, token, row[0], lp, result.attn[first + j])
+            except Exception as e:  # noqa: BLE001 - one request's failure ends only it
+                outputs += self._fail_requests([req], e)
+                break
+            out.drafted = j < len(draft) and token == draft[j]
+            if out.trace is not None:
+                out.trace["drafted"] = out.drafted
+            kept += out.drafted
+            outputs.append(out)
+            if req.is_finished or not out.drafted:
+                break
+        req.drafts.record(len(draft), kept)
+        self.scheduler.speculator.record(len(draft), kept)
+        for out in outputs:
+            out.accepted_prediction_tokens = req.drafts.accepted_prediction
+            out.rejected_prediction_tokens = req.drafts.rejected_prediction
+        if not req.is_finished:
+            self.blocks.commit(req.request_id, req.token_ids, req.num_cached)
+            self.blocks.trim(req.request_id, req.num_cached + 1)
+        req.draft = []
+        return outputs
+
+    def _logprobs(
+        self, requests: list[Request], logits: torch.Tensor, tokens: list[int]
+    ) -> list[tuple[float, list[tuple[int, float]]]] | None:
+        """The chosen tokens' logprobs and top alternatives, when a request asks for them."""
+        if not any(r.params.logprobs or r.trace for r in requests):
+            return None
+        top_k = max(max(r.params.logprobs, r.trace.top_k if r.trace else 0) for r in requests)
+        return token_logprobs(logits, tokens, top_k)
+
+    def _emit(
+        self,
+        req: Request,
+        token: int,
+        logits: torch.Tensor,
+        lp: tuple[float, list[tuple[int, float]]] | None,
+        attn: torch.Tensor | None,
+    ) -> StepOutput:
+        """Append a sampled token to its request; its output, with logprobs and trace."""
+        out = self._append_token(req, token)
+        if lp is not None:
+            chosen, top = lp
+            if req.params.logprobs:
+                out.logprobs = Logprobs(
+                    self._text(token),
+                    chosen,
+                    [(self._text(t), p) for t, p in top[: req.params.logprobs]],
+                )
+            if req.trace is not None:
+                out.trace = self._trace(req.trace, logits, chosen, top, attn)
+        return out
 
     def _append_token(self, req: Request, token: int) -> StepOutput:
         if req.status == RequestStatus.PREFILL:
@@ -335,6 +435,7 @@ class Engine:
                 for t, lp in top[: spec.top_k]
             ],
             "attn": attn.tolist() if attn is not None else None,
+            "drafted": False,  # a draft token the model agreed with (set by _verify)
         }
 
     def _text(self, token: int) -> str:
@@ -373,6 +474,8 @@ class Engine:
             num_tokens=int(token is not None),
             text_offset=req.text_len,
             cached_tokens=req.cached_tokens or 0,
+            accepted_prediction_tokens=req.drafts.accepted_prediction,
+            rejected_prediction_tokens=req.drafts.rejected_prediction,
         )
         scored = req.scores_prompt and len(req.prompt_scores) == req.prompt_len - 1
         if scored and not req.prompt_reported:  # the first output once the prompt is scored

@@ -10,6 +10,7 @@ import torch
 
 from infer.engine.detokenizer import IncrementalDetokenizer
 from infer.engine.params import SamplingParams
+from infer.engine.speculative import DraftState
 
 if TYPE_CHECKING:
     from infer.engine.grammar import GrammarState
@@ -101,6 +102,8 @@ class Request:
     # Prompt tokens 1... scored so far (prompt_logprobs); the first token has no score.
     prompt_scores: list[PromptLogprob] = field(default_factory=list)
     prompt_reported: bool = False  # its scores went out with an output
+    drafts: DraftState = field(default_factory=DraftState)  # speculative decoding
+    draft: list[int] = field(default_factory=list)  # the draft tokens this step verifies
 
     @property
     def scores_prompt(self) -> bool:
@@ -111,6 +114,11 @@ class Request:
     def unscored(self) -> int:
         """The first position whose logits still have a prompt token to score."""
         return len(self.prompt_scores) if self.scores_prompt else self.prompt_len
+
+    @property
+    def room(self) -> int:
+        """Tokens it may still generate."""
+        return self.params.max_new_tokens - len(self.output_ids)
 
     @property
     def prompt_len(self) -> int:
@@ -176,6 +184,10 @@ class StepOutput:
     # On a request's first output, when it scores its prompt: tokens 1... (token 0 has none).
     prompt_logprobs: list[PromptLogprob] | None = None
     cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    drafted: bool = False  # its token was a draft token the model agreed with
+    # Of the request's prediction so far: tokens the answer kept, and tokens drafted but not.
+    accepted_prediction_tokens: int = 0
+    rejected_prediction_tokens: int = 0
 
     @property
     def finished(self) -> bool:

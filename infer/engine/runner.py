@@ -33,12 +33,17 @@ class PromptRows:
 
 @dataclass
 class RunnerOutput:
-    """Next-token logits for the requests that get a token this step, and the prompt rows
-    of the requests that score their prompts."""
+    """Next-token logits for the requests that get tokens this step, and the prompt rows
+    of the requests that score their prompts.
+
+    Each request in ``requests`` owns ``1 + len(request.draft)`` consecutive rows of
+    ``logits``: row ``j`` is the distribution of the token after its ``j``-th draft token
+    (row 0: after its last token).
+    """
 
     requests: list[Request] = field(default_factory=list)
-    logits: Tensor | None = None  # [N, V] float32, row i for requests[i]
-    attn: dict[str, Tensor] = field(default_factory=dict)  # request id → [H, S] last query row
+    logits: Tensor | None = None  # [R, V] float32
+    attn: list[Tensor | None] = field(default_factory=list)  # per row: [H, S] for a trace
     prompt_rows: list[PromptRows] = field(default_factory=list)
 
 
@@ -62,15 +67,27 @@ class ModelRunner:
         """
         decode, chunks = plan.decode, plan.prefill
         seqs = [*decode, *(c.request for c in chunks)]
-        nd = len(decode)
-        ids = [r.output_ids[-1] for r in decode]
-        slices = [SequenceSlice(self.blocks.table(r.request_id), r.num_cached, 1) for r in decode]
+        ids: list[int] = []
+        slices: list[SequenceSlice] = []
+        owners: list[Request] = []  # each decode row's request
+        for r in decode:
+            # The last token and the draft: each its own decode row, attending to the
+            # sequence up to itself (their keys are all stored before any row attends).
+            run = [r.output_ids[-1], *r.draft]
+            table = self.blocks.table(r.request_id)
+            ids += run
+            slices += [SequenceSlice(table, r.num_cached + j, 1) for j in range(len(run))]
+            owners += [r] * len(run)
+        nd = len(slices)
         for c in chunks:
             ids += c.request.token_ids[c.start : c.start + c.length]
             slices.append(SequenceSlice(self.blocks.table(c.request.request_id), c.start, c.length))
         device = self.model.device
         ctx, positions = paged_context(self.cache, slices, nd, device, _capture_for(seqs))
+        # Rows that get logits: every decode row, then the last token of each prompt
+        # that completes.
         last = ctx.last_token
+        completing = [c.request for c in chunks if c.completes_prompt]
         finishing = list(range(nd)) + [nd + i for i, c in enumerate(chunks) if c.completes_prompt]
         rows = [last[i] for i in finishing]
         scored = _scored_spans(chunks, last[nd:])
@@ -83,19 +100,18 @@ class ModelRunner:
             torch.tensor(rows, device=device, dtype=torch.long),
         )
         for r in decode:
-            r.num_cached += 1
+            r.num_cached += 1  # its last token; the draft tokens it keeps count later
         for c in chunks:
             c.request.num_cached += c.length
         for r in seqs:
             self.blocks.commit(r.request_id, r.token_ids, r.num_cached)
-        requests = [seqs[i] for i in finishing]
         logits, extra = out.logits[: len(finishing)], out.logits[len(finishing) :]
         prompt_rows = []
         for req, start, _, count in scored:
             prompt_rows.append(PromptRows(req, start, extra[:count]))
             extra = extra[count:]
-        attn = _trace_rows(requests, out.attn, finishing)
-        return RunnerOutput(requests, logits, attn, prompt_rows)
+        attn = _trace_rows(owners + completing, out.attn, finishing)
+        return RunnerOutput(list(decode) + completing, logits, attn, prompt_rows)
 
 
 def _scored_spans(
@@ -126,15 +142,14 @@ def _capture_for(requests: list[Request]) -> AttnCapture | None:
 
 
 def _trace_rows(
-    requests: list[Request], attn: dict[int, list[Tensor]] | None, seqs: list[int]
-) -> dict[str, Tensor]:
-    """Each traced request's attention row ``[H, S]`` at its own layer."""
-    rows: dict[str, Tensor] = {}
-    if attn is None:
-        return rows
-    for r, seq in zip(requests, seqs, strict=True):
-        if r.trace is not None and r.trace.layer is not None:
-            rows[r.request_id] = attn[r.trace.layer][seq]
+    owners: list[Request], attn: dict[int, list[Tensor]] | None, seqs: list[int]
+) -> list[Tensor | None]:
+    """Per logits row (its request in ``owners``, its sequence slice in ``seqs``): the
+    attention row ``[H, S]`` at the request's trace layer, or ``None``."""
+    rows: list[Tensor | None] = []
+    for r, seq in zip(owners, seqs, strict=True):
+        traced = attn is not None and r.trace is not None and r.trace.layer is not None
+        rows.append(attn[r.trace.layer][seq] if traced else None)  # type: ignore[index,union-attr]
     return rows
 
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from infer.engine.block_manager import BlockManager
 from infer.engine.config import EngineConfig
 from infer.engine.request import Request, RequestStatus
+from infer.engine.speculative import Speculator
 
 Clock = Callable[[], float]  # monotonic seconds
 # Prompt tokens per chunk of a prompt being scored: each gets a [V] float32 row of logits.
@@ -80,6 +81,7 @@ class Scheduler(ABC):
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.preemptions = 0
+        self.speculator = Speculator(config.draft_tokens, config.draft_row_cost)
 
     def add_request(self, request: Request) -> None:
         """Queue a request."""
@@ -117,7 +119,28 @@ class Scheduler(ABC):
             # give the oldest room by sending the newest back to wait.
             self._preempt(self.running[-1])
             chunks = self._prefill_chunks()
+        self._draft(decode, len(decode) + sum(c.length for c in chunks))
         return SchedulerOutput(chunks, decode)
+
+    def _draft(self, decode: list[Request], rows: int) -> None:
+        """Give decoding requests the draft tokens worth verifying in a step of ``rows``
+        rows (see :class:`Speculator`); a draft gets blocks only where they are free."""
+        for req in decode:
+            req.draft = []
+        spec = self.speculator
+        if not spec.max_tokens or not decode:
+            return
+        best = max(r.drafts.acceptance for r in decode)
+        if best <= len(decode) / (1 / spec.row_cost + rows):
+            return  # not even one draft token would pay
+        most = [min(spec.max_tokens, r.room - 1) for r in decode]
+        proposals = [r.drafts.propose(r.token_ids, k) for r, k in zip(decode, most, strict=True)]
+        allowed = spec.plan(
+            [(r.drafts.acceptance, len(p)) for r, p in zip(decode, proposals, strict=True)], rows
+        )
+        for req, draft, n in zip(decode, proposals, allowed, strict=True):
+            if n and self.blocks.ensure(req.request_id, req.num_cached + 1 + n):
+                req.draft = draft[:n]
 
     def _prefill_chunks(self) -> list[PrefillChunk]:
         budget = self.config.prefill_token_budget
