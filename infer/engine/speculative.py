@@ -36,8 +36,8 @@ MIN_NGRAM = 2
 # The acceptance rate a request starts from, and how much weight that guess carries
 # (in verified draft tokens) against what the request shows.
 PRIOR_ACCEPTANCE = 0.5
-PRIOR_WEIGHT = 2.0
-DECAY = 0.8  # per verify step: the recent steps count most
+PRIOR_WEIGHT = 1.0
+DECAY = 0.5  # per verify step: the last few steps count most (a copy ends abruptly)
 
 
 class Corpus:

@@ -291,10 +291,17 @@ async def admit(
                         prompt_logprobs,
                     )
                 )
+        prediction = await _prediction(state, engine, fields)
         state.require_ready()  # a drain or an engine failure may have begun meanwhile
         try:
             stream = worker.submit(
-                choices, params, arrival, trace, _timeout(state, timeout_s), num_prompts=len(ids)
+                choices,
+                params,
+                arrival,
+                trace,
+                _timeout(state, timeout_s),
+                num_prompts=len(ids),
+                prediction=prediction,
             )
         except QueueFullError as e:
             raise APIError(
@@ -308,6 +315,21 @@ async def admit(
     if guard:
         on_request_end(cast(MutableMapping[str, Any], request.scope), stream.fail)
     return Admitted(stream, ids, thinking)
+
+
+async def _prediction(
+    state: ServerState, engine: Engine, fields: SamplingFields
+) -> list[int] | None:
+    """The token ids of the request's ``prediction`` (size-checked as a prompt is)."""
+    if fields.prediction is None:
+        return None
+    text = fields.prediction.text()
+    if len(text.encode()) > state.config.max_prompt_bytes:
+        raise APIError(
+            ErrorCode.PROMPT_TOO_LARGE,
+            f"prediction: larger than max_prompt_bytes ({state.config.max_prompt_bytes})",
+        )
+    return await trio.to_thread.run_sync(engine.encode_prediction, text)
 
 
 def _thinking(engine: Engine, prompts: Sequence[Prompt], ids: list[list[int]]) -> Thinking | None:

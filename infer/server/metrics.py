@@ -174,15 +174,25 @@ CACHE_METRICS = {
     "infer_prefix_cache_hits_total": ("counter", "Prompt blocks found in the prefix cache."),
     "infer_prefix_cache_queries_total": ("counter", "Prompt blocks looked up in the prefix cache."),
     "infer_preemptions_total": ("counter", "Requests preempted (recomputed later) for KV room."),
+    "infer_draft_tokens_total": ("counter", "Draft tokens verified (speculative decoding)."),
+    "infer_draft_tokens_accepted_total": ("counter", "Draft tokens the model agreed with."),
 }
 
 
 def _cache_families(cache: Mapping[str, int]) -> list[Metric]:
+    drafted = cache["infer_draft_tokens_total"]
     return [
-        (GaugeMetricFamily if kind == "gauge" else CounterMetricFamily)(
-            name, help_text, value=cache[name]
-        )
-        for name, (kind, help_text) in CACHE_METRICS.items()
+        *(
+            (GaugeMetricFamily if kind == "gauge" else CounterMetricFamily)(
+                name, help_text, value=cache[name]
+            )
+            for name, (kind, help_text) in CACHE_METRICS.items()
+        ),
+        GaugeMetricFamily(
+            "infer_draft_acceptance_rate",
+            "Share of verified draft tokens the model agreed with, 0 to 1 (0 before any).",
+            cache["infer_draft_tokens_accepted_total"] / drafted if drafted else 0.0,
+        ),
     ]
 
 

@@ -52,6 +52,20 @@ class TextPart(_Body):
     text: str
 
 
+class Prediction(_Body):
+    """`prediction`: text the answer is expected to repeat (OpenAI's Predicted Outputs,
+    such as the file an edit returns). Drafts are copied from it; the answer is the same
+    with or without it, only faster where it matches."""
+
+    type: Literal["content"]
+    content: str | list[TextPart]
+
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
 class OtherPart(BaseModel):
     """A content part OpenAI defines that a text model cannot take (refused, named)."""
 
@@ -189,6 +203,7 @@ class SamplingFields(_Body):
     seed: Seed | None = None
     ignore_eos: bool = False  # keep generating past EOS (benchmarks; vLLM has it too)
     response_format: ResponseFormat | None = None
+    prediction: Prediction | None = None
     user: str | None = None
 
     @model_validator(mode="after")
@@ -390,7 +405,6 @@ class ChatCompletionRequest(_OpenAIFields):
     function_call: str | dict[str, Any] | None = None
     modalities: list[Literal["text", "audio"]] | None = None
     audio: dict[str, Any] | None = None
-    prediction: dict[str, Any] | None = None  # a latency hint: ignoring it changes no output
     reasoning_effort: str | None = None
     verbosity: str | None = None
     web_search_options: dict[str, Any] | None = None
@@ -793,11 +807,21 @@ class PromptTokensDetails(BaseModel):
     cached_tokens: int = Field(description="prompt tokens served from the prefix cache")
 
 
+class CompletionTokensDetails(BaseModel):
+    accepted_prediction_tokens: int = Field(description="tokens of the prediction the answer kept")
+    rejected_prediction_tokens: int = Field(
+        description="tokens of the prediction that were tried and not kept"
+    )
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails
+    completion_tokens_details: CompletionTokensDetails | None = Field(
+        None, description="with a `prediction`: how much of it the answer used"
+    )
 
 
 class PromptTokenLogprob(BaseModel):

@@ -36,6 +36,8 @@ class _Choice:
     request_id: str
     prompt_tokens: int
     cached_tokens: int = 0  # prompt tokens the prefix cache served
+    accepted_prediction: int = 0  # tokens of the prediction its answer kept
+    rejected_prediction: int = 0  # ... tried and not kept
     tokens: int = 0  # completion tokens read so far
     pending_tokens: int = 0  # tokens waiting in the overflow list
     tail: list[Any] | None = None  # its newest overflow entry, while it is there
@@ -85,8 +87,10 @@ class RequestStream:
         on_close: Callable[[RequestStream], None],
         buffer: int,
         max_pending_tokens: int,
+        predicted: bool = False,
     ) -> None:
         self.id = stream_id
+        self.predicted = predicted  # the request sent a prediction (usage reports its use)
         self.choices = [
             _Choice(stream_id if i == 0 else f"{stream_id}-{i}", n)
             for i, n in enumerate(prompt_tokens)
@@ -170,6 +174,8 @@ class RequestStream:
     def _record(self, index: int, out: StepOutput) -> None:
         choice = self.choices[index]
         choice.cached_tokens = max(choice.cached_tokens, out.cached_tokens)
+        choice.accepted_prediction = max(choice.accepted_prediction, out.accepted_prediction_tokens)
+        choice.rejected_prediction = max(choice.rejected_prediction, out.rejected_prediction_tokens)
         now = trio.current_time()
         stats, metrics = self.stats, self._metrics
         if out.num_tokens:
@@ -222,18 +228,25 @@ class RequestStream:
         self.close(client_gone=False)
 
     def usage(self) -> dict[str, Any]:
-        """OpenAI-style token counts of what was read: each prompt once, every choice, and
-        how many prompt tokens the prefix cache served (``prompt_tokens_details``)."""
+        """OpenAI-style token counts of what was read: each prompt once, every choice, how
+        many prompt tokens the prefix cache served (``prompt_tokens_details``) and, for a
+        request with a prediction, how much of it was used (``completion_tokens_details``)."""
         per_prompt = len(self.choices) // self.prompts
         firsts = self.choices[::per_prompt]
         prompt = sum(c.prompt_tokens for c in firsts)
         completion = sum(c.tokens for c in self.choices)
-        return {
+        usage: dict[str, Any] = {
             "prompt_tokens": prompt,
             "completion_tokens": completion,
             "total_tokens": prompt + completion,
             "prompt_tokens_details": {"cached_tokens": sum(c.cached_tokens for c in firsts)},
         }
+        if self.predicted:
+            usage["completion_tokens_details"] = {
+                "accepted_prediction_tokens": sum(c.accepted_prediction for c in self.choices),
+                "rejected_prediction_tokens": sum(c.rejected_prediction for c in self.choices),
+            }
+        return usage
 
     # --- the worker's side ----------------------------------------------------------------
 

@@ -72,6 +72,7 @@ class _Submission:
     prompts: list[list[int]]
     params: list[SamplingParams]
     trace: TraceSpec | None
+    prediction: list[int] | None
 
 
 @dataclass
@@ -154,6 +155,7 @@ class EngineWorker:
         trace: TraceSpec | None = None,
         timeout_s: float | None = None,
         num_prompts: int = 1,
+        prediction: list[int] | None = None,
     ) -> RequestStream:
         """Queue a request's choices (prompt ``i`` sampled by ``params[i]``) without blocking;
         the caller has checked that each choice fits the engine (:meth:`Engine.check`).
@@ -165,6 +167,7 @@ class EngineWorker:
             trace: Per-token traces to report (native streams).
             timeout_s: End the request with ``TIMEOUT`` after this long.
             num_prompts: How many distinct prompts ``prompts`` holds (usage counts each once).
+            prediction: Token ids every choice's answer is expected to repeat (drafts).
 
         Raises:
             WorkerStoppedError: The engine loop is not running: nothing would serve it.
@@ -185,8 +188,9 @@ class EngineWorker:
             self._stream_closed,
             self.output_buffer,
             self.max_pending_tokens,
+            predicted=prediction is not None,
         )
-        self._submit_send.send_nowait(_Submission(stream, prompts, params, trace))
+        self._submit_send.send_nowait(_Submission(stream, prompts, params, trace, prediction))
         self._queued += len(prompts)
         if timeout_s is not None:
             stream.deadline = trio.current_time() + timeout_s
@@ -310,7 +314,7 @@ class EngineWorker:
         for s in submissions:
             for choice, prompt, params in zip(s.stream.choices, s.prompts, s.params, strict=True):
                 try:
-                    self.engine.queue(prompt, params, choice.request_id, s.trace)
+                    self.engine.queue(prompt, params, choice.request_id, s.trace, s.prediction)
                 except Exception:  # noqa: BLE001 - one request's failure ends only it
                     log.exception("cannot queue %s", choice.request_id)
                     failed.append(
