@@ -138,6 +138,22 @@ def test_a_chat_streams_tokens_into_the_strip_and_hovering_shows_the_top_k(
     screenshot(page, "playground-chat")
 
 
+def test_tokens_from_kept_drafts_are_marked_with_the_tokens_per_step(
+    server: Server, watched: Watched
+) -> None:
+    """A prompt whose continuation repeats it: speculative decoding drafts from the prompt,
+    and the page marks the tokens the model agreed with."""
+    page = watched.page
+    counting = ", ".join(str(i % 10) for i in range(40)) + ","
+    complete(page, server.url, counting, temperature="0", max_tokens="40")
+    drafted = page.locator(".column .chip.drafted")
+    assert 0 < drafted.count() < count(page, "generated")
+    found = re.search(r"drafted (\d+) · ([\d.]+) tokens/step", numbers(page))
+    assert found, numbers(page)
+    assert int(found.group(1)) == drafted.count() and float(found.group(2)) > 1
+    assert "drafted" in (drafted.first.get_attribute("title") or "")
+
+
 def test_a_kept_reply_joins_the_conversation_before_the_next_message(
     server: Server, watched: Watched
 ) -> None:

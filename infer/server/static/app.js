@@ -271,7 +271,7 @@ function startColumn(body, { label, tokens, sample, branchOf = null }) {
     label,
     sample,
     branchOf,
-    tokens, // [{id, text, prob, entropy, topk, attn, layer, inherited, forced}]
+    tokens, // [{id, text, prob, entropy, topk, attn, layer, drafted, inherited, forced}]
     base: tokens.length, // tokens before this stream's first
     status: "running",
     controller: new AbortController(),
@@ -335,8 +335,10 @@ function onEvent(column, { event, data }) {
       topk: data.topk,
       attn: data.attn,
       layer: column.body.trace.layer,
+      drafted: Boolean(data.drafted),
     });
     paintChip(column, column.base + data.i);
+    renderNumbers(column);
   }
 }
 
@@ -467,15 +469,28 @@ function paintChip(column, index) {
   const token = column.tokens[index];
   if (!chip || !token) return;
   chip.style.backgroundColor = colour(token);
+  chip.classList.toggle("drafted", Boolean(token.drafted));
   const parts = [];
   if (token.prob !== undefined) parts.push(`p = ${token.prob.toFixed(3)}`);
   if (token.entropy !== undefined) parts.push(`entropy ${token.entropy.toFixed(2)} nats`);
+  if (token.drafted) parts.push("drafted (speculative decoding), the model agreed");
   chip.dataset.prob = token.prob === undefined ? "" : token.prob;
   chip.title = parts.join(", ");
 }
 
 function paintColumn(column) {
   column.tokens.forEach((_, i) => paintChip(column, i));
+}
+
+// Speculative decoding: tokens that came from a kept draft, and tokens per model step (each
+// step ends with one token the model chose itself, after the draft tokens it kept).
+function draftNumbers(column) {
+  const own = column.tokens.slice(column.base);
+  const drafted = own.filter((t) => t && t.drafted).length;
+  if (!drafted) return "";
+  const steps = own.filter((t) => t && t.prob !== undefined && !t.drafted).length;
+  const perStep = steps ? ` · ${(own.length / steps).toFixed(2)} tokens/step` : "";
+  return `drafted ${drafted}${perStep}`;
 }
 
 function renderNumbers(column) {
@@ -493,6 +508,8 @@ function renderNumbers(column) {
     const cached = (u.prompt_tokens_details || {}).cached_tokens || 0;
     parts.push(`prompt ${u.prompt_tokens} (cached ${cached})`, `generated ${u.completion_tokens}`);
   }
+  const drafts = draftNumbers(column);
+  if (drafts) parts.push(drafts);
   if (column.resumes) parts.push(`resumed ×${column.resumes}`);
   if (column.status === "running") parts.push("streaming…");
   else if (column.finish) parts.push(`finish: ${column.finish}`);
