@@ -70,7 +70,7 @@ class EngineConfig:
     kv_cache_gb: float | None = None
     prefix_caching: bool = True
     draft_tokens: int = 16
-    draft_row_cost: float = 0.13
+    draft_row_cost: float = 0.18
     seed: int | None = None
     num_threads: int | None = None
 
