@@ -46,6 +46,8 @@ class EngineConfig:
         draft_tokens: Most draft tokens a decoding request verifies per step (speculative
             decoding from its ``prediction`` and its own prompt; 0 turns it off). The output
             is the same either way; fewer are verified where they are unlikely to pay.
+        draft_model: A smaller model with the same tokenizer that drafts where no text
+            matches (opt-in; the same sources as ``model``).
         draft_row_cost: What verifying one more token costs, as a share of a one-token
             step (``bench/offline.py steps`` measures it: the step time's growth per row
             over the one-row time).
@@ -70,6 +72,7 @@ class EngineConfig:
     kv_cache_gb: float | None = None
     prefix_caching: bool = True
     draft_tokens: int = 16
+    draft_model: str | None = None
     draft_row_cost: float = 0.18
     seed: int | None = None
     num_threads: int | None = None

@@ -38,8 +38,10 @@ from infer.engine.request import (
 from infer.engine.runner import ModelRunner, PromptRows, RunnerOutput
 from infer.engine.sampler import make_generator, ranked_logprobs, sample, token_logprobs
 from infer.engine.scheduler import Clock, Scheduler, SchedulerOutput, make_scheduler
+from infer.engine.speculative import DraftModel
 from infer.models.base import CausalLM
 from infer.models.context import AttnCapture
+from infer.models.errors import LoadError
 from infer.models.kv_cache import PagedKVCache
 
 log = logging.getLogger("infer.engine")
@@ -56,6 +58,7 @@ class Engine:
         eos_token_ids: Sequence[int] = (),
         model_name: str = "model",
         clock: Clock = time.monotonic,
+        draft_model: CausalLM | None = None,
     ) -> None:
         self.config = config
         self.model = model
@@ -68,6 +71,14 @@ class Engine:
         )
         self.scheduler: Scheduler = make_scheduler(config, self.blocks, clock)
         self.runner = ModelRunner(model, config, self.blocks)
+        self.draft_model: DraftModel | None = None
+        if draft_model is not None:
+            self.draft_model = DraftModel(
+                draft_model, self.blocks.num_blocks, config.block_size, config.prefill_token_budget
+            )
+            # A one-row step reads the weights: the draft model's step costs their ratio.
+            share = _weight_bytes(draft_model) / _weight_bytes(model)
+            self.scheduler.draft_price = 1 + share / config.draft_row_cost
         self._ids = itertools.count()
         # With an engine seed, requests that bring none still sample reproducibly.
         self._seeds = random.Random(config.seed) if config.seed is not None else None
@@ -81,8 +92,24 @@ class Engine:
         """
         from infer.models.loader import load_model
 
-        loaded = load_model(config.model, DTYPES[config.dtype], config.device, config.weights)
-        return cls(config, loaded.model, loaded.tokenizer, loaded.eos_token_ids, loaded.name)
+        dtype = DTYPES[config.dtype]
+        loaded = load_model(config.model, dtype, config.device, config.weights)
+        draft = None
+        if config.draft_model is not None:
+            drafter = load_model(config.draft_model, dtype, config.device, config.weights)
+            try:
+                DraftModel.check_tokenizer(loaded.tokenizer, drafter.tokenizer)
+            except ValueError as e:
+                raise LoadError(f"--draft-model {config.draft_model}: {e}") from None
+            draft = drafter.model
+        return cls(
+            config,
+            loaded.model,
+            loaded.tokenizer,
+            loaded.eos_token_ids,
+            loaded.name,
+            draft_model=draft,
+        )
 
     @classmethod
     def from_components(
@@ -234,11 +261,30 @@ class Engine:
         plan = self.scheduler.schedule()
         if plan.is_empty:
             return []
+        if self.draft_model is not None:
+            self._model_drafts(plan.decode)
         try:
             result = self.runner.run(plan)
         except Exception as e:  # noqa: BLE001 - any forward failure fails this step's requests
             return self._fail(plan, e)
         return self._process(result)
+
+    def _model_drafts(self, decode: list[Request]) -> None:
+        """Let the draft model write the drafts the plan gave it (none if it fails)."""
+        assert self.draft_model is not None
+        wanted = [(r.request_id, r.token_ids, r.model_draft) for r in decode if r.model_draft]
+        if not wanted:
+            return
+        try:
+            drafts = self.draft_model.draft(wanted)
+        except Exception:  # noqa: BLE001 - no draft is a slower step, not a failed one
+            log.exception("the draft model failed; this step runs without its drafts")
+            drafts = {}
+        for req in decode:
+            if req.model_draft:
+                req.draft, req.model_draft = drafts.get(req.request_id, []), 0
+                if req.draft:
+                    req.drafts.source = "model"
 
     def _process(self, result: RunnerOutput) -> list[StepOutput]:
         outputs = self._score_prompts(result.prompt_rows)
@@ -462,6 +508,8 @@ class Engine:
 
     def _release(self, req: Request) -> None:
         self.scheduler.remove(req)
+        if self.draft_model is not None:
+            self.draft_model.free(req.request_id)
 
     def _output(self, req: Request, token: int | None, delta: str) -> StepOutput:
         out = StepOutput(
@@ -481,3 +529,14 @@ class Engine:
         if scored and not req.prompt_reported:  # the first output once the prompt is scored
             out.prompt_logprobs, req.prompt_reported = req.prompt_scores, True
         return out
+
+
+def _weight_bytes(model: CausalLM) -> int:
+    """Bytes of a model's weights (what a one-row step reads): its parameters and buffers,
+    and the tensors its layers hold packed for the kernels."""
+    tensors = {id(t): t for t in (*model.parameters(), *model.buffers())}
+    for module in model.modules():
+        for value in vars(module).values():
+            if isinstance(value, torch.Tensor):
+                tensors[id(value)] = value
+    return sum(t.numel() * t.element_size() for t in tensors.values())

@@ -104,6 +104,7 @@ class Request:
     prompt_reported: bool = False  # its scores went out with an output
     drafts: DraftState = field(default_factory=DraftState)  # speculative decoding
     draft: list[int] = field(default_factory=list)  # the draft tokens this step verifies
+    model_draft: int = 0  # draft tokens the draft model is to write this step
 
     @property
     def scores_prompt(self) -> bool:

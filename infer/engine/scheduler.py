@@ -82,6 +82,8 @@ class Scheduler(ABC):
         self.running: list[Request] = []
         self.preemptions = 0
         self.speculator = Speculator(config.draft_tokens, config.draft_row_cost)
+        # What one draft model token costs, in rows of this model's step (None: no model).
+        self.draft_price: float | None = None
 
     def add_request(self, request: Request) -> None:
         """Queue a request."""
@@ -124,23 +126,36 @@ class Scheduler(ABC):
 
     def _draft(self, decode: list[Request], rows: int) -> None:
         """Give decoding requests the draft tokens worth verifying in a step of ``rows``
-        rows (see :class:`Speculator`); a draft gets blocks only where they are free."""
+        rows (see :class:`Speculator`): copied from text where it matches, else (with a
+        draft model) ``model_draft`` tokens for the engine's draft model to write. A draft
+        gets blocks only where they are free."""
         for req in decode:
-            req.draft = []
-        spec = self.speculator
+            req.draft, req.model_draft = [], 0
+        spec, price = self.speculator, self.draft_price
         if not spec.max_tokens or not decode:
             return
-        best = max(r.drafts.acceptance for r in decode)
+        best = max(
+            max(r.drafts.lookup.rate, r.drafts.model.rate / price if price else 0.0) for r in decode
+        )
         if best <= len(decode) / (1 / spec.row_cost + rows):
             return  # not even one draft token would pay
         most = [min(spec.max_tokens, r.room - 1) for r in decode]
         proposals = [r.drafts.propose(r.token_ids, k) for r, k in zip(decode, most, strict=True)]
-        allowed = spec.plan(
-            [(r.drafts.acceptance, len(p)) for r, p in zip(decode, proposals, strict=True)], rows
-        )
+        offers = []
+        for req, draft, k in zip(decode, proposals, most, strict=True):
+            if draft:
+                offers.append((req.drafts.lookup.rate, len(draft), 1.0))
+            elif price and k > 0:
+                offers.append((req.drafts.model.rate, k, price))
+            else:
+                offers.append((0.0, 0, 1.0))
+        allowed = spec.plan(offers, rows)
         for req, draft, n in zip(decode, proposals, allowed, strict=True):
             if n and self.blocks.ensure(req.request_id, req.num_cached + 1 + n):
-                req.draft = draft[:n]
+                if draft:
+                    req.draft = draft[:n]
+                else:
+                    req.model_draft = n
 
     def _prefill_chunks(self) -> list[PrefillChunk]:
         budget = self.config.prefill_token_budget

@@ -24,6 +24,7 @@ from infer.engine.engine import Engine
 from infer.engine.params import SamplingParams
 from infer.engine.request import StepOutput
 from infer.engine.speculative import DraftState
+from infer.models.errors import LoadError
 from infer.models.loader import LoadedModel
 from support.server import iter_sse, running_server
 
@@ -66,9 +67,10 @@ def _tokens(outs: list[StepOutput]) -> list[int]:
     return [o.token_id for o in outs if o.token_id is not None]
 
 
-def _engine(model: LoadedModel, draft_tokens: int) -> Engine:
+def _engine(model: LoadedModel, draft_tokens: int, draft_model: bool = False) -> Engine:
     config = EngineConfig(max_seq_len=1024, max_batch_size=8, draft_tokens=draft_tokens)
-    return Engine(config, model.model, model.tokenizer, model.eos_token_ids)
+    drafter = model.model if draft_model else None  # the model drafts for itself
+    return Engine(config, model.model, model.tokenizer, model.eos_token_ids, draft_model=drafter)
 
 
 @pytest.mark.parametrize(
@@ -95,8 +97,21 @@ def test_drafts_change_no_token(qwen_model: LoadedModel, params: SamplingParams)
     assert spec.accepted >= 20  # the edits copied their file through drafts
     drafted = [sum(o.drafted for o in out) for out in outs]
     assert drafted[0] >= 10 and drafted[1] >= 10
-    assert outs[0][-1].accepted_prediction_tokens >= 10
+    assert outs[0][-1].accepted_prediction_tokens >= 5
     assert outs[1][-1].accepted_prediction_tokens == 0  # it sent no prediction
+    # With a draft model (here the model itself, on a cache of its own, priced as if it
+    # cost nothing: a model as large as the target never pays): the prose, which copies
+    # nothing, is drafted too, and nothing changes either.
+    engine = _engine(qwen_model, 16, draft_model=True)
+    engine.scheduler.draft_price = 1.0
+    outs = _run(engine, [(prose, params, None), (edit, params, None)])
+    assert [_tokens(o) for o in outs] == [plain[1], plain[0]]
+    assert sum(o.drafted for o in outs[0]) > 10
+
+
+def test_a_draft_model_with_another_tokenizer_is_refused_at_start() -> None:
+    with pytest.raises(LoadError, match="draft model's tokenizer is not the model's"):
+        Engine.from_config(EngineConfig(model="default", draft_model=QWEN))
 
 
 def test_sampled_drafts_keep_the_model_distribution(

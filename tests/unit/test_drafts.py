@@ -30,16 +30,17 @@ def test_the_request_own_tokens_draft_where_their_end_was_seen_before() -> None:
 def test_the_prediction_drafts_first_then_the_request_own_tokens() -> None:
     state = DraftState(prediction=[20, 21, 22, 23])
     assert state.propose([1, 20, 21], 2) == [22, 23]
-    assert state.from_prediction
+    assert state.source == "prediction"
+    state.record(drafted=2, kept=1)
     assert state.propose([7, 8, 9, 7, 8], 1) == [9]
-    assert not state.from_prediction
-    state.from_prediction = True
-    state.record(drafted=4, kept=3)
-    assert (state.accepted_prediction, state.rejected_prediction) == (3, 1)
+    assert state.source == "prompt"
+    state.record(drafted=1, kept=1)
+    assert (state.accepted_prediction, state.rejected_prediction) == (1, 1)
 
 
 def test_acceptance_follows_what_a_request_keeps() -> None:
     state = DraftState()
+    state.source = "prompt"
     start = state.acceptance
     for _ in range(5):
         state.record(drafted=8, kept=8)
@@ -47,18 +48,26 @@ def test_acceptance_follows_what_a_request_keeps() -> None:
     for _ in range(10):
         state.record(drafted=4, kept=0)
     assert state.acceptance < 0.2
+    assert state.model.rate == 0.7  # a draft model's drafts are counted apart
 
 
 def test_drafts_run_where_they_pay_and_not_in_a_full_batch() -> None:
     spec = Speculator(max_tokens=16, row_cost=0.13)
-    alone_copying = spec.plan([(0.95, 16)], rows=1)
-    alone_unsure = spec.plan([(0.3, 16)], rows=1)
+    alone_copying = spec.plan([(0.95, 16, 1.0)], rows=1)
+    alone_unsure = spec.plan([(0.3, 16, 1.0)], rows=1)
     assert alone_copying[0] >= 8
     assert 0 < alone_unsure[0] <= 2
-    assert spec.plan([(0.5, 16)] * 64, rows=64) == [0] * 64
+    assert spec.plan([(0.5, 16, 1.0)] * 64, rows=64) == [0] * 64
     # A request whose draft is short gets no more rows than its draft has.
-    assert spec.plan([(0.95, 3)], rows=1) == [3]
-    assert Speculator(max_tokens=0, row_cost=0.13).plan([(0.99, 16)], rows=1) == [0]
+    assert spec.plan([(0.95, 3, 1.0)], rows=1) == [3]
+    assert Speculator(max_tokens=0, row_cost=0.13).plan([(0.99, 16, 1.0)], rows=1) == [0]
+
+
+def test_a_costly_draft_model_drafts_less_than_copied_text() -> None:
+    spec = Speculator(max_tokens=16, row_cost=0.18)
+    copied, modelled = spec.plan([(0.9, 16, 1.0)], rows=1), spec.plan([(0.9, 16, 4.0)], rows=1)
+    assert 0 < modelled[0] < copied[0]
+    assert spec.plan([(0.9, 16, 1.0), (0.9, 16, 4.0)] * 8, rows=16)[1::2] == [0] * 8
 
 
 def test_trim_gives_back_the_blocks_past_the_kept_tokens() -> None:
