@@ -83,7 +83,9 @@ async def _counter(client: httpx.AsyncClient, name: str, value: float) -> bool:
 
 async def test_slow_reader_is_ended_and_never_slows_the_others(tiny_app) -> None:
     gate = StepGate()
-    app = tiny_app(gate=gate, engine={"max_seq_len": 2048}, output_buffer=4, max_pending_tokens=200)
+    # One token per stream per step (no drafts): the steps below count them.
+    engine = {"max_seq_len": 2048, "draft_tokens": 0}
+    app = tiny_app(gate=gate, engine=engine, output_buffer=4, max_pending_tokens=200)
     # Traces make each event large, so the reader's socket buffers fill within a few hundred
     # tokens; a small receive buffer helps. After that, the server's pending output grows.
     slow_body = native(1900, trace={"layer": 0, "top_k": 20})
