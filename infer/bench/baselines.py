@@ -225,6 +225,7 @@ def _new_result(request: BenchRequest) -> RequestResult:
         time.perf_counter(),
         prompt_tokens=len(request.prompt_ids),
         expected_tokens=request.max_new_tokens,
+        label=request.label,
     )
 
 

@@ -14,7 +14,8 @@ from matplotlib.figure import Figure
 Run = dict[str, Any]
 SIZE = (7.5, 3.6)
 DPI = 90
-# One colour per system in every chart (matplotlib's default cycle, by position).
+# One colour per system in every chart (matplotlib's default cycle, by position, then named
+# colours; grey for any other).
 COLORS = {
     "sequential": "C0",
     "hf": "C1",
@@ -25,6 +26,10 @@ COLORS = {
     "url": "C6",
     "infer-noprefix": "C8",
     "vllm": "C9",
+    "infer-nospec": "black",
+    "infer-prediction": "gold",
+    "llama.cpp-ngram": "darkred",
+    "llama.cpp-draft": "magenta",
 }
 # Without a sweep, these workloads' runs are the throughput chart's points (at most one per
 # system and concurrency, the first listed): prefix measures TTFT, not throughput.

@@ -3,6 +3,7 @@
 Two stream dialects: ``native`` (infer's ``POST /v1/generate``: ``token`` events, then one
 ``done`` or ``error``) and ``openai`` (``POST /v1/completions`` with ``stream: true``: ``data:``
 chunks, then ``data: [DONE]``), which is how llama.cpp's and vLLM's servers are measured.
+Either way the prompt goes out as token ids, exactly the workload's.
 """
 
 from __future__ import annotations
@@ -32,18 +33,24 @@ class Target:
         url: Base URL, e.g. ``http://127.0.0.1:8000``.
         api: ``native`` or ``openai`` (see the module docstring).
         extra: Fields added to every request body (``ignore_eos``, ``repeat_penalty``).
+        predictions: Send each request's ``prediction`` (when it has one) as OpenAI's
+            Predicted Outputs: ``{"type": "content", "content": text}``.
     """
 
     url: str
     api: str = "native"
     extra: dict[str, Any] = field(default_factory=dict)
+    predictions: bool = False
 
     def body(self, request: BenchRequest) -> dict[str, Any]:
+        """The JSON body of ``request`` for this server."""
         body: dict[str, Any] = {
             "prompt": list(request.prompt_ids),
             "max_tokens": request.max_new_tokens,
             "temperature": 0.0,
         }
+        if self.predictions and request.prediction is not None:
+            body["prediction"] = {"type": "content", "content": request.prediction}
         if self.api == "openai":
             body |= {"stream": True, "stream_options": {"include_usage": True}}
         return body | self.extra
@@ -105,6 +112,7 @@ async def stream_request(
         time.perf_counter(),
         prompt_tokens=len(request.prompt_ids),
         expected_tokens=request.max_new_tokens,
+        label=request.label,
     )
     state = _StreamState(target.api, result)
     parser = SSEParser()

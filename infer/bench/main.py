@@ -9,6 +9,7 @@ import importlib.util
 import os
 import platform
 import re
+import shlex
 import socket
 import subprocess
 import sys
@@ -24,15 +25,21 @@ from infer.bench.metrics import summarize
 from infer.bench.report import Report, Run, goals_table, tables, write_report
 from infer.bench.servers import ServerError
 from infer.bench.systems import (
+    DEFAULT_SYSTEMS,
+    LLAMA_DRAFT_FLAGS,
+    LLAMA_NGRAM_FLAGS,
+    LLAMA_SPECULATIVE,
     SERIAL,
     SYSTEMS,
     URL_SYSTEM,
     Settings,
     Unavailable,
+    llama_variants,
     open_system,
     warm_up,
 )
 from infer.bench.workloads import (
+    DEFAULT_WORKLOADS,
     SCALE_SIZES,
     SCALES,
     WORKLOAD_NAMES,
@@ -44,7 +51,7 @@ from infer.models.loader import load_model
 
 WORKLOADS = WORKLOAD_NAMES
 # Not being able to measure these is expected on many machines; it does not fail the run.
-OPTIONAL_SYSTEMS = frozenset({"hf", "hf-batched", "llama.cpp", "vllm"})
+OPTIONAL_SYSTEMS = frozenset({"hf", "hf-batched", "llama.cpp", *LLAMA_SPECULATIVE, "vllm"})
 PEER = "vllm"  # the system every run is also compared with, when it was measured
 TOKEN_COUNT_NOTE = (
     "Output tokens: the count each server reports in its final usage (infer's `done` event, "
@@ -53,20 +60,32 @@ TOKEN_COUNT_NOTE = (
     "stopped early"
 )
 
+DRAFTS_NOTE = (
+    "Drafts accepted: of the draft tokens an infer server verified during the load (its "
+    "/metrics counters read before and after it), the share the model agreed with, and how "
+    "many it verified; infer-nospec drafts none"
+)
+
+BURSTS_NOTE = (
+    "Speculative decoding gives a request several tokens in one step, and they arrive together: "
+    "its ITL mixes near-zero gaps with whole steps; TPOT, E2E and output tok/s compare it"
+)
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The ``infer bench`` options."""
     p.add_argument(
         "--systems",
         type=_names,
-        help="comma-separated, from: "
-        f"{', '.join(SYSTEMS)} (default: all; with --url: sequential,url)",
+        help=f"comma-separated, from: {', '.join(SYSTEMS)} (default: "
+        f"{','.join(DEFAULT_SYSTEMS)}; with --url: sequential,url)",
     )
     p.add_argument(
         "--workloads",
         type=_names,
-        default=list(WORKLOADS),
-        help=f"comma-separated, from: {', '.join(WORKLOADS)} (default: all)",
+        default=list(DEFAULT_WORKLOADS),
+        help=f"comma-separated, from: {', '.join(WORKLOADS)} (default: "
+        f"{','.join(DEFAULT_WORKLOADS)})",
     )
     p.add_argument(
         "--scale",
@@ -95,6 +114,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="stream dialect of --url: /v1/generate or /v1/completions",
     )
     p.add_argument(
+        "--predictions",
+        action="store_true",
+        help="send --url each request's prediction (the edit load's file), as "
+        "infer-prediction does",
+    )
+    p.add_argument(
         "--server-arg",
         action="append",
         default=[],
@@ -120,6 +145,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=float,
         default=1.0,
         help="top-p sent to every server with --temperature (default: 1, none)",
+    )
+    p.add_argument(
+        "--llama-spec",
+        action="append",
+        metavar="FLAGS",
+        help="llama-server flags of llama.cpp-ngram, in one string (--llama-spec='...'); "
+        "repeated, each setting is its own system (llama.cpp-ngram, llama.cpp-ngram-2, ...) "
+        f"(default: '{LLAMA_NGRAM_FLAGS}')",
+    )
+    p.add_argument(
+        "--llama-draft",
+        action="append",
+        metavar="FLAGS",
+        help="llama-server flags of llama.cpp-draft besides its draft model, likewise "
+        f"(default: '{LLAMA_DRAFT_FLAGS}')",
     )
     p.add_argument("--model", default="default", help="(default: %(default)s)")
     p.add_argument(
@@ -162,6 +202,15 @@ def run_bench(args: argparse.Namespace) -> int:
     settings = Settings(
         loaded, args.model, args.dtype, args.seed, args.url, args.api, args.server_arg, args.threads
     )
+    settings.predictions = args.predictions
+    settings.longest = max(
+        (len(r.prompt_ids) + r.max_new_tokens for w in workloads for r in w.requests), default=0
+    )
+    settings.llama_flags = {
+        **llama_variants("llama.cpp-ngram", args.llama_spec or [LLAMA_NGRAM_FLAGS]),
+        **llama_variants("llama.cpp-draft", args.llama_draft or [LLAMA_DRAFT_FLAGS]),
+    }
+    systems = _with_variants(systems, settings.llama_flags)
     if args.temperature > 0:
         # As a chat client samples: a request ends at EOS (or its token limit).
         settings.sampling = {
@@ -192,6 +241,11 @@ def run_bench(args: argparse.Namespace) -> int:
     meta["notes"] = [TOKEN_COUNT_NOTE, *settings.notes]
     meta["startup_s"] = settings.startup_s
     meta["rss_mb"] = settings.rss_mb
+    meta["llama_flags"] = {s: f for s, f in settings.llama_flags.items() if s in systems}
+    if any("drafts" in r for r in runs):
+        meta["notes"].append(DRAFTS_NOTE)
+    if any(_speculated(r) for r in runs):
+        meta["notes"].append(BURSTS_NOTE)
     add_ratios(runs)
     report: Report = {
         "meta": meta,
@@ -208,9 +262,35 @@ def run_bench(args: argparse.Namespace) -> int:
         print(f"not measured: {u['system']}: {u['reason']}")
     print("report: " + ", ".join(str(p) for p in paths.values()))
     failed = any(r["metrics"]["errors"] for r in runs) or any(
-        u["system"] not in OPTIONAL_SYSTEMS for u in unavailable
+        _variant_of(u["system"]) not in OPTIONAL_SYSTEMS for u in unavailable
     )
     return 1 if failed else 0
+
+
+def _speculated(run: Run) -> bool:
+    """Whether a run's tokens may have come several a step (drafts kept)."""
+    drafts = run.get("drafts") or {}
+    return bool(drafts.get("accepted")) or _variant_of(run["system"]) in LLAMA_SPECULATIVE
+
+
+def _with_variants(systems: list[str], llama_flags: dict[str, str]) -> list[str]:
+    """``systems``, each speculative llama.cpp one replaced by the names of its settings."""
+    return [
+        name
+        for system in systems
+        for name in (
+            [v for v in llama_flags if _variant_of(v) == system]
+            if system in LLAMA_SPECULATIVE
+            else [system]
+        )
+    ]
+
+
+def _variant_of(system: str) -> str:
+    """The system a speculative llama.cpp setting's name stands for (``llama.cpp-ngram-2``:
+    ``llama.cpp-ngram``); any other name as it is."""
+    base = re.sub(r"-\d+$", "", system)
+    return base if base in LLAMA_SPECULATIVE else system
 
 
 def _measure(system: str, settings: Settings, workloads: list[Workload], quiet: bool) -> list[Run]:
@@ -235,17 +315,24 @@ def _measure(system: str, settings: Settings, workloads: list[Workload], quiet: 
                 file=sys.stderr,
             ) as bar:
                 results = measure(workload, lambda r: bar.update())
-            runs.append(
-                {
-                    "system": system,
-                    "workload": workload.name,
-                    "concurrency": 1 if serial else workload.concurrency,
-                    "rate": workload.rate,
-                    "serial": serial,
-                    "metrics": summarize(results),
-                }
-            )
+            run: Run = {
+                "system": system,
+                "workload": workload.name,
+                "concurrency": 1 if serial else workload.concurrency,
+                "rate": workload.rate,
+                "serial": serial,
+                "metrics": summarize(results, workload.follow_ups),
+            }
+            drafts = settings.drafts.pop(system, None)
+            if drafts is not None:
+                run["drafts"] = drafts | {"acceptance": _share(drafts)}
+            runs.append(run)
     return runs
+
+
+def _share(drafts: dict[str, int]) -> float | None:
+    """Accepted draft tokens over drafted ones (``None`` when none were drafted)."""
+    return round(drafts["accepted"] / drafts["drafted"], 4) if drafts["drafted"] else None
 
 
 def add_ratios(runs: list[Run]) -> None:
@@ -346,7 +433,7 @@ def default_results_dir() -> Path:
 
 
 def _systems(args: argparse.Namespace) -> list[str]:
-    systems = args.systems or (["sequential", URL_SYSTEM] if args.url else list(SYSTEMS))
+    systems = args.systems or (["sequential", URL_SYSTEM] if args.url else list(DEFAULT_SYSTEMS))
     if args.url and URL_SYSTEM not in systems:
         systems.append(URL_SYSTEM)
     unknown = [s for s in systems if s not in (*SYSTEMS, URL_SYSTEM)]
@@ -402,7 +489,7 @@ def _meta(args: argparse.Namespace, model_name: str) -> dict[str, Any]:
         "server_args": args.server_arg,
         "url": args.url,
         "api": args.api if args.url else None,
-        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "command": shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]),
     }
 
 

@@ -8,11 +8,14 @@ Definitions (all times from ``time.perf_counter``):
 - E2E: request sent → terminal event (``done``, ``error``, ``[DONE]``) received.
 - Output tok/s and req/s: completed tokens and requests over the run's wall time (first send
   to last terminal event).
+- Follow-up TTFT: the TTFT of the requests a workload names as follow-ups (the later turns of
+  a conversation, whose prompt extends an earlier request's: what a prefix cache serves).
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +40,7 @@ class RequestResult:
     prompt_tokens: int = 0
     expected_tokens: int = 0  # what the request asked for
     error: str | None = None  # an error code (``OVERLOADED``, ``HTTP_503``, ...) or None
+    label: str = ""  # the request's label in its workload (``turn 2``)
 
     @property
     def ok(self) -> bool:
@@ -74,15 +78,21 @@ def distribution_ms(values_s: list[float]) -> dict[str, float | None]:
     return stats
 
 
-def summarize(results: list[RequestResult]) -> dict[str, Any]:
-    """The metrics of one run, as plain JSON-ready values."""
+def summarize(results: list[RequestResult], follow_ups: Collection[str] = ()) -> dict[str, Any]:
+    """The metrics of one run, as plain JSON-ready values.
+
+    Args:
+        results: What each request of the run measured.
+        follow_ups: Labels of the follow-up requests: with any, ``ttft_follow_up_ms`` is the
+            TTFT distribution of the requests that carry one of them.
+    """
     done = [r for r in results if r.ok]
     errors = Counter(r.error or "INCOMPLETE" for r in results if not r.ok)
     starts = [r.start for r in results]
     ends = [r.end for r in results if r.end is not None]
     wall = max(ends) - min(starts) if ends and starts else 0.0
     tokens = sum(r.output_tokens for r in done)
-    return {
+    metrics = {
         "requests": len(results),
         "completed": len(done),
         "errors": sum(errors.values()),
@@ -100,3 +110,7 @@ def summarize(results: list[RequestResult]) -> dict[str, Any]:
         "tpot_ms": distribution_ms([t for r in done if (t := r.tpot) is not None]),
         "e2e_ms": distribution_ms([t for r in done if (t := r.e2e) is not None]),
     }
+    if follow_ups:
+        later = [t for r in done if r.label in follow_ups and (t := r.ttft) is not None]
+        metrics["ttft_follow_up_ms"] = distribution_ms(later)
+    return metrics

@@ -3,7 +3,9 @@
 A report is a plain dict (see :func:`infer.bench.main.run_bench`): ``meta``, ``workloads``,
 ``runs`` (one per system × workload × concurrency, each with its ``metrics``,
 ``ratio_vs_sequential`` and, when vLLM was measured, ``ratio_vs_vllm``: output tok/s and TTFT
-p95 over vLLM's on the same load), ``unavailable`` systems with the reason, and ``goals``.
+p95 over vLLM's on the same load; an infer server's runs have ``drafts``: the draft tokens it
+verified over the workload and how many it accepted), ``unavailable`` systems with the reason,
+and ``goals``.
 """
 
 from __future__ import annotations
@@ -100,11 +102,22 @@ _HEADER = (
     "| ITL p50 / p95 / p99 ms | TPOT p50 ms | E2E p50 / p95 / p99 ms | errors |"
 )
 _VLLM_HEADER = "× vLLM tok/s; TTFT p95 |"
+_FOLLOW_UP_HEADER = " later turns TTFT p50 ms |"
+_DRAFTS_HEADER = " drafts accepted |"
 
 
 def _workload_table(runs: list[Run], with_vllm: bool = False) -> list[str]:
+    """One row per run. Columns only some loads have: × vLLM (when vLLM ran), the TTFT of
+    follow-up requests (a conversation's later turns), and the share of draft tokens an infer
+    server accepted, of how many it drafted (speculative decoding; – for other systems)."""
+    follow_ups = any("ttft_follow_up_ms" in r["metrics"] for r in runs)
+    drafts = any("drafts" in r for r in runs)
     header = _HEADER.replace("| req/s", "| " + _VLLM_HEADER + " req/s") if with_vllm else _HEADER
-    rows = [header, "|" + "---|" * (10 if with_vllm else 9)]
+    if follow_ups:
+        header = header.replace(" | ITL", " |" + _FOLLOW_UP_HEADER + " ITL")
+    if drafts:
+        header += _DRAFTS_HEADER
+    rows = [header, "|" + "---|" * (9 + with_vllm + follow_ups + drafts)]
     for run in runs:
         m = run["metrics"]
         errors = str(m["errors"])
@@ -113,12 +126,23 @@ def _workload_table(runs: list[Run], with_vllm: bool = False) -> list[str]:
         if m.get("short"):
             errors += f"; {m['short']} short"
         vllm = f" {_vllm_ratio(run)} |" if with_vllm else ""
+        later = f" {_num((m.get('ttft_follow_up_ms') or {}).get('p50'))} |" if follow_ups else ""
+        accepted = f" {_drafts(run.get('drafts'))} |" if drafts else ""
         rows.append(
             f"| {_system(run)} | {_num(m['output_tok_s'])} | {_ratio(run)} |{vllm} "
-            f"{_num(m['req_s'])} | {_pcts(m['ttft_ms'])} | {_pcts(m['itl_ms'])} "
-            f"| {_num(m['tpot_ms']['p50'])} | {_pcts(m['e2e_ms'])} | {errors} |"
+            f"{_num(m['req_s'])} | {_pcts(m['ttft_ms'])} |{later} {_pcts(m['itl_ms'])} "
+            f"| {_num(m['tpot_ms']['p50'])} | {_pcts(m['e2e_ms'])} | {errors} |{accepted}"
         )
     return rows
+
+
+def _drafts(drafts: dict[str, Any] | None) -> str:
+    """``62% of 1234``: accepted draft tokens, of those drafted; – without counters."""
+    if drafts is None:
+        return "–"
+    if not drafts["drafted"]:
+        return "none drafted"
+    return f"{drafts['accepted'] / drafts['drafted']:.0%} of {drafts['drafted']}"
 
 
 def _vllm_ratio(run: Run) -> str:
@@ -153,8 +177,10 @@ def _sweep_table(workload: dict[str, Any], runs: list[Run], with_vllm: bool = Fa
                 continue
             m = run["metrics"]
             vllm = f"; {_vllm_ratio(run)}" if with_vllm else ""
+            drafts = f"; drafts {_drafts(run['drafts'])}" if "drafts" in run else ""
             cells.append(
-                f"{_num(m['output_tok_s'])} ({_ratio(run)}), {_num(m['ttft_ms']['p50'])} ms{vllm}"
+                f"{_num(m['output_tok_s'])} ({_ratio(run)}), {_num(m['ttft_ms']['p50'])} ms"
+                f"{vllm}{drafts}"
             )
         out.append(f"| {_system(mine[0])} | " + " | ".join(cells) + " |")
     return [*out, ""]

@@ -3,15 +3,24 @@
 In-process baselines load their model here and run in the calling (main) thread, as a user's
 script would call them; servers are started as subprocesses on a free loopback port (or
 reached at ``--url``) and probed once before they are measured.
+
+Speculative decoding: infer drafts by default (from each request's own tokens);
+``infer-nospec`` turns it off, ``infer-prediction`` also sends each request's ``prediction``.
+llama.cpp's peers are ``llama.cpp-ngram`` (its n-gram drafts, in a setting of llama-server
+flags chosen per run) and ``llama.cpp-draft`` (the 0.5B model drafting for the 1.5B). An infer
+server's draft counters (``/metrics``) are read around every workload.
 """
 
 from __future__ import annotations
 
 import contextlib
+import re
+import shlex
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import httpx
 import torch
 import trio
 
@@ -31,10 +40,27 @@ from infer.bench.servers import (
     vllm_env,
 )
 from infer.bench.workloads import SOURCE_TEXT, BenchRequest, Workload
-from infer.engine.config import DTYPES
+from infer.engine.config import DTYPES, EngineConfig
+from infer.models.errors import LoadError
 from infer.models.loader import LoadedModel
+from infer.models.packaged import PACKAGED_MODELS
 
 SYSTEMS = (
+    "sequential",
+    "hf",
+    "hf-batched",
+    "infer-static",
+    "infer-continuous",
+    "infer-noprefix",
+    "infer-nospec",
+    "infer-prediction",
+    "llama.cpp",
+    "llama.cpp-ngram",
+    "llama.cpp-draft",
+    "vllm",
+)
+# What `infer bench` measures when no systems are named: the speculative ones are asked for.
+DEFAULT_SYSTEMS = (
     "sequential",
     "hf",
     "hf-batched",
@@ -49,12 +75,26 @@ INFER_SERVERS = {
     "infer-static": ("static", []),
     "infer-continuous": ("continuous", []),
     "infer-noprefix": ("continuous", ["--no-prefix-caching"]),
+    "infer-nospec": ("continuous", ["--draft-tokens", "0"]),
+    "infer-prediction": ("continuous", []),
 }
+PREDICTING = frozenset({"infer-prediction"})  # their client sends each request's prediction
+# llama.cpp's speculative peers, each run once per setting of llama-server flags
+# (--llama-spec, --llama-draft); the draft model's path is added to llama.cpp-draft's.
+LLAMA_SPECULATIVE = ("llama.cpp-ngram", "llama.cpp-draft")
+LLAMA_NGRAM_FLAGS = "--spec-type ngram-map-k --spec-draft-n-max 16"
+LLAMA_DRAFT_FLAGS = "--spec-type draft-simple --spec-draft-n-max 16"
+LLAMA_TARGET = "qwen2.5-coder-1.5b"  # the model llama.cpp-draft speeds up
+LLAMA_DRAFTER = "qwen2.5-coder-0.5b"  # its draft model
 URL_SYSTEM = "url"  # the server at --url
 SERIAL = frozenset({"sequential", "hf"})  # one request at a time, whatever the concurrency
-LLAMA_CPP_CTX = 2048  # tokens per slot
+LLAMA_CPP_CTX = 2048  # tokens per slot (more when a request needs more; fewer slots then)
 LLAMA_CPP_SLOTS = 64  # as many sequences at once as infer's --max-batch-size
-VLLM_MAX_MODEL_LEN = 2048
+VLLM_MAX_MODEL_LEN = 2048  # (more when a request needs more)
+INFER_MAX_SEQ_LEN = EngineConfig.max_seq_len  # `infer serve`'s default
+CONTEXT_STEP = 256  # longer contexts are rounded up to a multiple of this
+# The draft counters of infer's /metrics (Prometheus text): drafted, then accepted.
+DRAFT_COUNTERS = ("infer_draft_tokens_total", "infer_draft_tokens_accepted_total")
 
 OnDone = Callable[[RequestResult], None]
 Measure = Callable[[Workload, OnDone], list[RequestResult]]
@@ -80,6 +120,24 @@ class Settings:
     notes: list[str] = field(default_factory=list)  # caveats found while probing
     startup_s: dict[str, float] = field(default_factory=dict)  # each server's time to ready
     rss_mb: dict[str, float] = field(default_factory=dict)  # each server's largest RSS seen
+    longest: int = 0  # the longest request of the run, prompt and new tokens
+    predictions: bool = False  # the server at --url gets each request's prediction
+    # llama-server flags of each speculative llama.cpp system by its name (see `llama_variants`)
+    llama_flags: dict[str, str] = field(default_factory=dict)
+    # Each infer server's draft counters over the workload it measured last (popped by the
+    # caller): {"drafted": n, "accepted": n}.
+    drafts: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def context(self, default: int) -> int:
+        """Tokens a server must take per request: ``default``, or the run's longest request
+        rounded up to :data:`CONTEXT_STEP` when that is more."""
+        return max(default, -(-self.longest // CONTEXT_STEP) * CONTEXT_STEP)
+
+
+def llama_variants(base: str, settings: list[str]) -> dict[str, str]:
+    """System names for each setting of a speculative llama.cpp system: ``base`` for the
+    first, ``base-2``, ``base-3``... for the next."""
+    return {base if i == 0 else f"{base}-{i + 1}": flags for i, flags in enumerate(settings)}
 
 
 @contextlib.contextmanager
@@ -100,22 +158,29 @@ def open_system(name: str, settings: Settings) -> Iterator[Measure]:
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         mode, flags = INFER_SERVERS[name]
-        args = [*settings.server_args, *flags]
+        context = settings.context(INFER_MAX_SEQ_LEN)
+        args = ["--max-seq-len", str(context)] if context > INFER_MAX_SEQ_LEN else []
+        args += [*settings.server_args, *flags]
         if settings.threads:
             args += ["--num-threads", str(settings.threads)]
         command = infer_command(port, mode, settings.model, settings.dtype, args)
+        target = Target(url, "native", predictions=name in PREDICTING)
         with running_server(command, url, "/health") as server:
             settings.startup_s[name] = round(server.startup_s, 1)
-            yield _http(Target(url, "native"), settings, name, server)
+            yield _http(target, settings, name, server, drafts=True)
     elif name == "llama.cpp":
         with _llama_cpp(settings) as measure:
+            yield measure
+    elif name in settings.llama_flags:
+        with _llama_cpp(settings, name, settings.llama_flags[name]) as measure:
             yield measure
     elif name == "vllm":
         with _vllm(settings) as measure:
             yield measure
     elif name == URL_SYSTEM and settings.url:
         extra = {"model": settings.loaded.name} if settings.api == "openai" else {}
-        yield _http(Target(settings.url, settings.api, extra), settings, name)
+        target = Target(settings.url, settings.api, extra, settings.predictions)
+        yield _http(target, settings, name, drafts=True)
     else:
         raise ValueError(f"unknown system {name!r}")
 
@@ -135,9 +200,14 @@ def _hf(name: str, settings: Settings) -> Iterator[Measure]:
 
 
 @contextlib.contextmanager
-def _llama_cpp(settings: Settings) -> Iterator[Measure]:
+def _llama_cpp(settings: Settings, name: str = "llama.cpp", flags: str = "") -> Iterator[Measure]:
     """llama.cpp's ``llama-server`` on the same GGUF file, with token-id prompts and
-    ``ignore_eos`` like infer."""
+    ``ignore_eos`` like infer; ``flags`` are added to its command line (speculative decoding),
+    and a ``llama.cpp-draft`` system gets the draft model too.
+
+    Each slot takes the run's longest request: past :data:`LLAMA_CPP_CTX` tokens, the slots
+    are fewer (their total stays that of :data:`LLAMA_CPP_SLOTS` slots), and a note says so.
+    """
     binary = default_llama_server()
     if not binary.is_file():
         raise Unavailable(
@@ -145,18 +215,54 @@ def _llama_cpp(settings: Settings) -> Iterator[Measure]:
             "INFER_BENCH_LLAMA_SERVER at one)"
         )
     gguf = _gguf_file(settings.model)
+    extra = shlex.split(flags)
+    if name.startswith("llama.cpp-draft"):
+        extra = ["--model-draft", str(_draft_gguf(gguf)), *extra]
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     threads = settings.threads or torch.get_num_threads()
-    command = llama_server_command(binary, port, gguf, threads, LLAMA_CPP_SLOTS, LLAMA_CPP_CTX)
+    ctx = settings.context(LLAMA_CPP_CTX)
+    slots = max(1, LLAMA_CPP_SLOTS * LLAMA_CPP_CTX // ctx)
+    if slots < LLAMA_CPP_SLOTS:
+        note = (
+            f"llama.cpp ran {slots} slots of {ctx} tokens (the run's longest request), not "
+            f"{LLAMA_CPP_SLOTS} of {LLAMA_CPP_CTX}: no more requests than that run at once"
+        )
+        if note not in settings.notes:
+            settings.notes.append(note)
+    command = [*llama_server_command(binary, port, gguf, threads, slots, ctx), *extra]
     # Its default repeat penalty of 1.1 and top-k of 40 would make its tokens differ from
     # everyone else's: off, as the other servers have them.
     target = Target(
         url, "openai", {"repeat_penalty": 1.0, "top_k": 0, "ignore_eos": True, "cache_prompt": True}
     )
     with running_server(command, url, "/health", timeout_s=VLLM_STARTUP_TIMEOUT_S) as server:
-        settings.startup_s["llama.cpp"] = round(server.startup_s, 1)
-        yield _http(target, settings, "llama.cpp", server)
+        settings.startup_s[name] = round(server.startup_s, 1)
+        if flags or name != "llama.cpp":
+            note = f"{name}: llama-server with `{shlex.join(extra)}`"
+            if note not in settings.notes:
+                settings.notes.append(note)
+        yield _http(target, settings, name, server)
+
+
+def _draft_gguf(gguf: Path) -> Path:
+    """The 0.5B GGUF file that drafts for the 1.5B one (``gguf``).
+
+    Raises:
+        Unavailable: ``gguf`` is not the 1.5B model's, or the 0.5B is not installed.
+    """
+    if gguf.name != PACKAGED_MODELS[LLAMA_TARGET].file:
+        raise Unavailable(
+            f"llama.cpp-draft drafts with {LLAMA_DRAFTER} for {LLAMA_TARGET} only "
+            f"(use --model {LLAMA_TARGET})"
+        )
+    try:
+        draft = baselines.gguf_file(LLAMA_DRAFTER)
+    except LoadError as e:
+        raise Unavailable(f"llama.cpp-draft needs its draft model: {e}") from e
+    if draft is None or not draft.is_file():
+        raise Unavailable(f"llama.cpp-draft needs its draft model, {LLAMA_DRAFTER}")
+    return draft
 
 
 @contextlib.contextmanager
@@ -183,7 +289,7 @@ def _vllm(settings: Settings) -> Iterator[Measure]:
         raise Unavailable("vLLM needs a Hugging Face directory, a GGUF file or a packaged model")
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    command = vllm_command(venv, port, model_dir, VLLM_MAX_MODEL_LEN)
+    command = vllm_command(venv, port, model_dir, settings.context(VLLM_MAX_MODEL_LEN))
     target = Target(url, "openai", {"model": str(model_dir), "ignore_eos": True})
     with running_server(command, url, "/health", vllm_env(venv), VLLM_STARTUP_TIMEOUT_S) as server:
         settings.startup_s["vllm"] = round(server.startup_s, 1)
@@ -197,20 +303,55 @@ def _gguf_file(model: str) -> Path:
     return path
 
 
-def _http(target: Target, settings: Settings, name: str, server: Started | None = None) -> Measure:
+def _http(
+    target: Target,
+    settings: Settings,
+    name: str,
+    server: Started | None = None,
+    drafts: bool = False,
+) -> Measure:
     """Probe the server (ignore_eos support, warm-up), then measure it with the HTTP client,
-    noting the server's largest resident memory after each workload."""
+    noting the server's largest resident memory after each workload and, with ``drafts``
+    (an infer server), its draft counters over the workload in ``settings.drafts[name]``."""
     target = replace(target, extra=target.extra | settings.sampling)
     target = trio.run(_probe_ignore_eos, target, settings, name)
 
     def measure(workload: Workload, on_done: OnDone) -> list[RequestResult]:
+        settings.drafts.pop(name, None)  # (an earlier load's, say the warm-up's)
+        before = draft_counters(target.url) if drafts else None
         results = trio.run(run_workload, target, workload, on_done, settings.seed)
+        after = draft_counters(target.url) if before is not None else None
+        if before is not None and after is not None:
+            drafted, accepted = (a - b for a, b in zip(after, before, strict=True))
+            settings.drafts[name] = {"drafted": drafted, "accepted": accepted}
         if server is not None:
             rss = round(server.rss_mb())
             settings.rss_mb[name] = max(rss, settings.rss_mb.get(name, 0))
         return results
 
     return measure
+
+
+def draft_counters(url: str) -> tuple[int, int] | None:
+    """An infer server's draft tokens so far, drafted and accepted (``/metrics``); ``None``
+    when it cannot say (no such counters, no answer)."""
+    try:
+        response = httpx.get(url.rstrip("/") + "/metrics", timeout=30.0)
+    except httpx.HTTPError:
+        return None
+    return parse_draft_counters(response.text) if response.status_code == 200 else None
+
+
+def parse_draft_counters(text: str) -> tuple[int, int] | None:
+    """:data:`DRAFT_COUNTERS` read from Prometheus text (``None`` unless both are there)."""
+    values = {}
+    for name in DRAFT_COUNTERS:
+        match = re.search(rf"^{name}(?:{{[^}}]*}})?\s+(\S+)", text, re.MULTILINE)
+        if match is None:
+            return None
+        values[name] = round(float(match.group(1)))
+    drafted, accepted = (values[name] for name in DRAFT_COUNTERS)
+    return drafted, accepted
 
 
 async def _probe_ignore_eos(target: Target, settings: Settings, name: str) -> Target:

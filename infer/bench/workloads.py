@@ -9,15 +9,28 @@ Servers cache prompt prefixes (infer and vLLM both do by default), so no two pro
 start at the same place in the text: a round (a workload, a sweep level) cannot reuse blocks
 of an earlier round's prompts. The one deliberate exception is the ``prefix`` workload, whose
 requests share one long system-style prefix: it measures what prefix caching saves.
+
+Three loads are shaped as coding agents send them, as chat prompts rendered by the model's own
+template: ``edit`` (a whole standard-library source file and an instruction to change it; the
+file is what OpenAI's Predicted Outputs would send as the ``prediction``), ``agent`` (a long
+system prompt of tool schemas and a repository map, then conversations of four turns, each
+turn's prompt extending the one before) and ``prose`` (W1 again, where speculative decoding
+has nothing to copy). Their prompts begin with a salt drawn from the seed, so that no two
+requests share a first KV block unless they are turns of one conversation.
 """
 
 from __future__ import annotations
 
+import ast
+import functools
+import importlib.util
+import json
 import random
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
 
 # Public domain: Lincoln's Gettysburg Address (1863), the openings of Dickens' "A Tale of Two
 # Cities" (1859), Austen's "Pride and Prejudice" (1813) and Melville's "Moby-Dick" (1851).
@@ -77,7 +90,19 @@ time or other, cherish very nearly the same feelings towards the ocean with me.
 
 SCALES = ("full", "quick", "smoke")
 # Command-line names, in the order they are built (and reported).
-WORKLOAD_NAMES = ("w1", "w2", "w2serial", "chat64", "prefix", "sweep")
+WORKLOAD_NAMES = (
+    "w1",
+    "w2",
+    "w2serial",
+    "chat64",
+    "prefix",
+    "sweep",
+    "edit",
+    "agent",
+    "prose",
+)
+# What `infer bench` runs when no workloads are named: the coding-agent loads are asked for.
+DEFAULT_WORKLOADS = ("w1", "w2", "w2serial", "chat64", "prefix", "sweep")
 # The prefix workload's system prompt, followed by source text up to the prefix length.
 SYSTEM_PREAMBLE = (
     "You are a careful reading assistant. The user will ask short questions about the passage "
@@ -110,16 +135,201 @@ QUESTION_FORMS = (
 )
 
 
+# The edit load's files: standard-library modules of every supported Python (3.11-3.13),
+# those whose source has EDIT_LINES lines on this one (counts move a little between versions).
+EDIT_MODULES = (
+    "colorsys",
+    "fnmatch",
+    "glob",
+    "shlex",
+    "sched",
+    "queue",
+    "netrc",
+    "graphlib",
+    "tabnanny",
+    "reprlib",
+    "getopt",
+    "linecache",
+    "codeop",
+    "quopri",
+    "hmac",
+    "zipapp",
+)
+EDIT_LINES = (150, 400)
+EDIT_SYSTEM = (
+    "You are an expert Python programmer. Make exactly the change you are asked for and keep "
+    "everything else in the file as it is."
+)
+EDIT_INSTRUCTIONS = (
+    "Add type hints to every function.",
+    "Rename `{old}` to `{new}` everywhere.",
+    "Add a docstring to every function that lacks one.",
+)
+RENAME_SUFFIXES = ("impl", "v2", "legacy", "helper", "internal")
+# The agent load's repository maps come from these packages (each has a few hundred
+# top-level definitions and methods), the chosen one first, the next ones after it as needed.
+AGENT_PACKAGES = ("email", "http", "asyncio", "logging", "urllib", "importlib", "xml", "unittest")
+AGENT_SYSTEM = (
+    "You are a coding agent working in the Python repository mapped below. Use the tools to "
+    "read, search, edit and test the code; keep changes small, explain each one in a sentence "
+    "or two, and run the tests after every edit. Call a tool by answering with one JSON object "
+    '{"name": ..., "arguments": {...}} and nothing else.'
+)
+
+
+Param = tuple[str, str]  # a tool parameter's JSON type and description
+
+
+def _tool(
+    name: str, description: str, params: Mapping[str, Param], required: Sequence[str] = ()
+) -> dict[str, Any]:
+    """A function definition in OpenAI's tool shape."""
+    properties = {p: {"type": kind, "description": text} for p, (kind, text) in params.items()}
+    schema = {"type": "object", "properties": properties, "required": list(required)}
+    return {
+        "type": "function",
+        "function": {"name": name, "description": description, "parameters": schema},
+    }
+
+
+PATH: Param = ("string", "Path relative to the repository root.")
+AGENT_TOOLS = (
+    _tool(
+        "read_file",
+        "Read a file of the repository, whole or a range of its lines.",
+        {
+            "path": PATH,
+            "start_line": ("integer", "First line to read (1-based; default 1)."),
+            "end_line": ("integer", "Last line to read (default: the end of the file)."),
+        },
+        ["path"],
+    ),
+    _tool(
+        "write_file",
+        "Create a file, or replace the whole content of an existing one.",
+        {"path": PATH, "content": ("string", "The new content.")},
+        ["path", "content"],
+    ),
+    _tool(
+        "apply_patch",
+        "Apply a unified diff to the repository; fails without changing anything when a hunk "
+        "does not apply.",
+        {"patch": ("string", "The diff, with ---/+++ headers and @@ hunks.")},
+        ["patch"],
+    ),
+    _tool(
+        "run_tests",
+        "Run the test suite, or some of it, with pytest; returns the summary and failures.",
+        {
+            "selector": ("string", "Test path or node id, e.g. tests/test_utils.py::test_quote."),
+            "keyword": ("string", "A pytest -k expression."),
+            "verbose": ("boolean", "Report every test, not only failures."),
+        },
+    ),
+    _tool(
+        "grep",
+        "Search the repository's files for a regular expression; returns matching lines.",
+        {
+            "pattern": ("string", "A Python regular expression."),
+            "path": ("string", "Folder or file to search (default: the whole repository)."),
+            "glob": ("string", "Only files matching this glob, e.g. *.py."),
+            "max_results": ("integer", "Most matches to return (default 50)."),
+        },
+        ["pattern"],
+    ),
+    _tool(
+        "list_dir",
+        "List a folder's files and subfolders.",
+        {"path": PATH, "depth": ("integer", "How many levels down to list (default 1).")},
+        ["path"],
+    ),
+    _tool(
+        "find_symbol",
+        "Find where a class, function or method is defined, and where it is used.",
+        {
+            "name": ("string", "The symbol, e.g. Parser.parse or quote."),
+            "usages": ("boolean", "Also list the places that use it."),
+        },
+        ["name"],
+    ),
+    _tool(
+        "run_command",
+        "Run a shell command in the repository root; returns its exit status and output.",
+        {
+            "command": ("string", "The command line."),
+            "timeout_s": ("integer", "Seconds before it is stopped (default 60)."),
+        },
+        ["command"],
+    ),
+    _tool(
+        "git_diff",
+        "Show the changes made so far, against the last commit.",
+        {
+            "path": ("string", "Only changes to this file or folder."),
+            "staged": ("boolean", "Only the staged changes."),
+        },
+    ),
+    _tool(
+        "ask_user",
+        "Ask the user a question when the task is ambiguous; returns their answer.",
+        {"question": ("string", "One short question.")},
+        ["question"],
+    ),
+)
+# The agent's four questions, and the pre-written answers to the first three that the later
+# turns' prompts carry. Placeholders are filled from the repository map.
+AGENT_QUESTIONS = (
+    "Where is `{func}` defined, and what uses it?",
+    "Add a `timeout` parameter to `{func}`, None by default, and pass it on from its callers.",
+    "Write a test for the new parameter.",
+    "Now sum up what we changed, as a commit message.",
+)
+AGENT_ANSWERS = (
+    "`{func}` is defined in `{path}`: `def {func}({args})`. I searched the repository with "
+    "grep for its callers: it is used inside `{path}` itself and by `{other}`, and the tests "
+    "reach it only through those. It does not change its arguments, so a new parameter with "
+    "a default would not break any caller.",
+    "I read `{path}` and applied this patch:\n\n```diff\n--- a/{path}\n+++ b/{path}\n@@\n"
+    "-def {func}({args}):\n+def {func}({args_timeout}):\n```\n\nThe callers in `{other}` "
+    "now pass `timeout=timeout` through. I ran the tests with run_tests: all of them pass, "
+    "and none needed a change.",
+    "I added `tests/test_{stem}.py::test_{func}_timeout`, which calls `{func}` once without "
+    "a timeout and once with `timeout=0.5` and checks that both give the same result. "
+    "run_tests reports it passing along with the rest of the suite.",
+)
+
+
 class Tokenizer(Protocol):
+    """What the workloads need of a tokenizer: text to token ids."""
+
     def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
+
+
+@runtime_checkable
+class ChatTokenizer(Tokenizer, Protocol):
+    """A tokenizer that may render chat messages with a template (Hugging Face's)."""
+
+    chat_template: Any
+
+    def apply_chat_template(self, conversation: Any, *args: Any, **kwargs: Any) -> Any: ...
 
 
 @dataclass(frozen=True)
 class BenchRequest:
-    """One request: exact prompt token ids and exactly this many new tokens (EOS ignored)."""
+    """One request: exact prompt token ids and exactly this many new tokens (EOS ignored).
+
+    Args:
+        prompt_ids: The prompt's token ids, sent as they are.
+        max_new_tokens: Tokens to generate.
+        prediction: Text the answer is expected to repeat (an edit's original file): sent as
+            OpenAI's Predicted Outputs ``prediction`` only by a system that sends them.
+        label: What the request is within its workload (``turn 2``), for metrics by label.
+    """
 
     prompt_ids: tuple[int, ...]
     max_new_tokens: int
+    prediction: str | None = None
+    label: str = ""
 
 
 @dataclass(frozen=True)
@@ -133,6 +343,8 @@ class Workload:
         concurrency: Most requests in flight at once (a closed loop of this many streams).
         rate: Poisson arrivals at this many requests per second (``None``: each stream sends
             its next request as soon as its previous one ends).
+        follow_ups: Labels of the requests whose prompt extends an earlier request's (a
+            conversation's later turns): their TTFT is also summarized on its own.
     """
 
     name: str
@@ -140,6 +352,7 @@ class Workload:
     requests: tuple[BenchRequest, ...]
     concurrency: int
     rate: float | None = None
+    follow_ups: tuple[str, ...] = ()
 
     @property
     def output_tokens(self) -> int:
@@ -152,7 +365,10 @@ class Scale:
 
     ``chat_*`` size the chat-sized load (all requests in flight at once; prompts counted in
     words of the source text), ``prefix_*`` the shared-prefix load (``prefix_len`` tokens
-    shared, then a short question; ``prefix_concurrency`` requests in flight).
+    shared, then a short question; ``prefix_concurrency`` requests in flight), ``edit_*`` the
+    file-editing load (``edit_new`` tokens of the answer, ``edit_concurrency`` in flight) and
+    ``agent_*`` the agent's conversations (a system prompt of about ``agent_system`` tokens,
+    four turns of ``agent_new`` new tokens each, one request at a time).
     """
 
     w1_prompt: int
@@ -171,6 +387,12 @@ class Scale:
     prefix_len: int = 500
     prefix_new: int = 32
     prefix_concurrency: int = 1
+    edit_requests: int = 4
+    edit_new: int = 1024
+    edit_concurrency: int = 1
+    agent_conversations: int = 2
+    agent_system: int = 6000
+    agent_new: int = 128
 
 
 # full: W1, W2, chat64 and prefix at their specified sizes; the sweep's 64
@@ -195,8 +417,34 @@ SCALE_SIZES = {
         8,
         500,
         16,
+        edit_requests=2,
+        edit_new=384,
+        agent_conversations=1,
+        agent_system=2000,
+        agent_new=32,
     ),
-    "smoke": Scale(16, 4, 2, (8, 32), (2, 4), 2, (8, 16), (2, 3), (1, 2), 4, (5, 10), 4, 3, 48, 4),
+    "smoke": Scale(
+        16,
+        4,
+        2,
+        (8, 32),
+        (2, 4),
+        2,
+        (8, 16),
+        (2, 3),
+        (1, 2),
+        4,
+        (5, 10),
+        4,
+        3,
+        48,
+        4,
+        edit_requests=2,
+        edit_new=4,
+        agent_conversations=1,
+        agent_system=1200,
+        agent_new=4,
+    ),
 }
 
 
@@ -387,6 +635,227 @@ def sweep(
     ]
 
 
+def chat_prompt(tokenizer: Tokenizer, messages: Sequence[Mapping[str, str]]) -> tuple[int, ...]:
+    """The token ids of ``messages`` rendered for the assistant's reply: the tokenizer's chat
+    template with its generation prompt, or, for a tokenizer without one, ``Role: content``
+    paragraphs ending in ``Assistant:``."""
+    if isinstance(tokenizer, ChatTokenizer) and tokenizer.chat_template:
+        text = tokenizer.apply_chat_template(
+            [dict(m) for m in messages], tokenize=False, add_generation_prompt=True
+        )
+    else:
+        paragraphs = [f"{m['role'].capitalize()}: {m['content']}\n\n" for m in messages]
+        text = "".join(paragraphs) + "Assistant:"
+    return tuple(tokenizer.encode(str(text), add_special_tokens=False))
+
+
+def _salt(rng: random.Random) -> str:
+    """``Session 1f2e3d4c.``: the start that makes a prompt's first tokens its own."""
+    return f"Session {rng.getrandbits(32):08x}."
+
+
+@functools.cache
+def edit_sources(lines: tuple[int, int] = EDIT_LINES) -> tuple[tuple[str, str], ...]:
+    """``(file name, source)`` of each :data:`EDIT_MODULES` module whose source has between
+    ``lines[0]`` and ``lines[1]`` lines here, in that order.
+
+    Raises:
+        RuntimeError: None of them has (a Python whose standard library moved on).
+    """
+    found = []
+    for name in EDIT_MODULES:
+        spec = importlib.util.find_spec(name)
+        origin = spec.origin if spec is not None else None
+        if origin is None or not origin.endswith(".py"):
+            continue
+        try:
+            text = Path(origin).read_text(encoding="utf-8")
+        except OSError:
+            continue
+        if lines[0] <= len(text.splitlines()) <= lines[1]:
+            found.append((Path(origin).name, text))
+    if not found:
+        raise RuntimeError(f"no module of {EDIT_MODULES} has {lines[0]}-{lines[1]} lines here")
+    return tuple(found)
+
+
+def defined_names(source: str) -> list[str]:
+    """The functions, classes and methods a module defines (dunders left out), sorted."""
+    kinds = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+    tree = ast.parse(source)
+    names = {n.name for n in ast.walk(tree) if isinstance(n, kinds)}
+    return sorted(name for name in names if not name.startswith("__"))
+
+
+def edit(tokenizer: Tokenizer, n: int, new_tokens: int, concurrency: int, seed: int) -> Workload:
+    """edit: ``n`` requests to change a standard-library file (type hints, a rename, the
+    missing docstrings) and return it whole; each carries the file as its ``prediction``."""
+    rng = random.Random(f"edit/{seed}")
+    sources = edit_sources()
+    requests = []
+    for _ in range(n):
+        path, text = sources[rng.randrange(len(sources))]
+        instruction = EDIT_INSTRUCTIONS[rng.randrange(len(EDIT_INSTRUCTIONS))]
+        if "{old}" in instruction:
+            old = rng.choice(defined_names(text))
+            instruction = instruction.format(old=old, new=f"{old}_{rng.choice(RENAME_SUFFIXES)}")
+        user = (
+            f"Here is `{path}`:\n\n```python\n{text}```\n\n{instruction} "
+            "Return the whole file in one ```python block."
+        )
+        messages = [
+            {"role": "system", "content": f"{_salt(rng)} {EDIT_SYSTEM}"},
+            {"role": "user", "content": user},
+        ]
+        requests.append(BenchRequest(chat_prompt(tokenizer, messages), new_tokens, text))
+    low, high = EDIT_LINES
+    description = (
+        f"{n} requests, {concurrency} at a time: a {low}-{high}-line standard-library file "
+        f"and an edit to make to it, {new_tokens} new tokens; the file is the prediction"
+    )
+    return Workload("edit", description, tuple(requests), concurrency)
+
+
+@dataclass(frozen=True)
+class MappedModule:
+    """One file of a repository map.
+
+    Args:
+        path: ``package/module.py``.
+        lines: Its lines in the map: the path, then its classes, functions and methods.
+        functions: ``(name, parameters)`` of its public top-level functions that take no
+            ``*args``, ``**kwargs`` or keyword-only parameters.
+    """
+
+    path: str
+    lines: tuple[str, ...]
+    functions: tuple[tuple[str, str], ...]
+
+
+def _signature(node: ast.FunctionDef | ast.AsyncFunctionDef) -> str:
+    keyword = "async def" if isinstance(node, ast.AsyncFunctionDef) else "def"
+    return f"{keyword} {node.name}({ast.unparse(node.args)})"
+
+
+@functools.cache
+def package_map(package: str) -> tuple[MappedModule, ...]:
+    """The repository map of a standard-library package: each module (sorted by path) with
+    its class and function signatures, read with :mod:`ast`."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or spec.origin is None:
+        return ()
+    root = Path(spec.origin).parent
+    functions = (ast.FunctionDef, ast.AsyncFunctionDef)
+    modules = []
+    for file in sorted(root.rglob("*.py")):
+        path = f"{package}/{file.relative_to(root).as_posix()}"
+        try:
+            tree = ast.parse(file.read_text(encoding="utf-8"))
+        except (OSError, SyntaxError, UnicodeDecodeError):
+            continue
+        lines, public = [path], []
+        for node in tree.body:
+            if isinstance(node, functions):
+                lines.append("    " + _signature(node))
+                a = node.args
+                if not (node.name.startswith("_") or a.vararg or a.kwarg or a.kwonlyargs):
+                    public.append((node.name, ast.unparse(a)))
+            elif isinstance(node, ast.ClassDef):
+                bases = ", ".join(ast.unparse(b) for b in node.bases)
+                lines.append(f"    class {node.name}" + (f"({bases})" if bases else ""))
+                lines += ["        " + _signature(m) for m in node.body if isinstance(m, functions)]
+        if len(lines) > 1:
+            modules.append(MappedModule(path, tuple(lines), tuple(public)))
+    return tuple(modules)
+
+
+def agent_system_prompt(
+    tokenizer: Tokenizer, tokens: int, package: int, salt: str
+) -> tuple[str, list[MappedModule]]:
+    """The agent's system prompt, and the modules its map shows (whole or in part).
+
+    The prompt is ``salt``, instructions, :data:`AGENT_TOOLS` (one JSON object a line) and
+    the repository map of ``AGENT_PACKAGES[package]`` (then of the packages after it), ending
+    at the first whole line that brings it to ``tokens`` tokens (at least one line of map).
+    """
+    tools = "\n".join(json.dumps(tool) for tool in AGENT_TOOLS)
+    head = f"{salt} {AGENT_SYSTEM}\n\n# Tools\n\n{tools}\n\n# Repository map\n\n"
+
+    def text() -> str:
+        return head + "".join(line + "\n" for line in lines)
+
+    lines: list[str] = []
+    shown: list[MappedModule] = []
+    estimate = len(tokenizer.encode(head, add_special_tokens=False))
+    order = AGENT_PACKAGES[package:] + AGENT_PACKAGES[:package]
+    for module in (m for name in order for m in package_map(name)):
+        shown.append(module)
+        for line in module.lines:
+            if estimate >= tokens and lines:
+                # Lines counted alone overestimate a little: count the whole text, go on if short.
+                estimate = len(tokenizer.encode(text(), add_special_tokens=False))
+                if estimate >= tokens:
+                    return text(), shown
+            lines.append(line)
+            estimate += len(tokenizer.encode(line + "\n", add_special_tokens=False))
+    return text(), shown
+
+
+def agent(
+    tokenizer: Tokenizer, conversations: int, system_tokens: int, new_tokens: int, seed: int
+) -> Workload:
+    """agent: ``conversations`` of four turns, one request at a time. A turn's prompt is the
+    system prompt (:func:`agent_system_prompt`), the earlier turns' questions and pre-written
+    answers, and its own question: turns 2-4 extend the turn before."""
+    rng = random.Random(f"agent/{seed}")
+    requests = []
+    for _ in range(conversations):
+        package = rng.randrange(len(AGENT_PACKAGES))
+        system, shown = agent_system_prompt(tokenizer, system_tokens, package, _salt(rng))
+        # The turns are about a function of the package, one the map shows if it shows any.
+        modules = package_map(AGENT_PACKAGES[package])
+        mapped = [m for m in modules if m.functions and m in shown]
+        home = rng.choice(mapped or [m for m in modules if m.functions])
+        func, args = rng.choice(home.functions)
+        fill = {
+            "func": func,
+            "args": args,
+            "args_timeout": f"{args}, timeout=None" if args else "timeout=None",
+            "path": home.path,
+            "other": rng.choice([m for m in modules if m is not home] or [home]).path,
+            "stem": Path(home.path).stem.strip("_") or "module",
+        }
+        messages = [{"role": "system", "content": system}]
+        for turn, question in enumerate(AGENT_QUESTIONS):
+            messages.append({"role": "user", "content": question.format(**fill)})
+            ids = chat_prompt(tokenizer, messages)
+            requests.append(BenchRequest(ids, new_tokens, label=f"turn {turn + 1}"))
+            if turn < len(AGENT_ANSWERS):
+                messages.append(
+                    {"role": "assistant", "content": AGENT_ANSWERS[turn].format(**fill)}
+                )
+    turns = len(AGENT_QUESTIONS)
+    description = (
+        f"{conversations} conversation{'s' if conversations > 1 else ''} of {turns} turns, "
+        "one request at a time: a "
+        f"~{system_tokens}-token system prompt ({len(AGENT_TOOLS)} tool schemas, a repository "
+        f"map), the turns before and a short question, {new_tokens} new tokens; turns 2-{turns} "
+        "extend the turn before (their TTFT p50 is reported alone)"
+    )
+    labels = tuple(f"turn {t}" for t in range(2, turns + 1))
+    return Workload("agent", description, tuple(requests), 1, follow_ups=labels)
+
+
+def prose(w1: Workload) -> Workload:
+    """prose: W1's request again (the same prompt and length), where speculative decoding
+    has hardly anything to copy: what speculation costs where it cannot help."""
+    description = (
+        f"W1's request again ({w1.description}); its prompt is cached when W1 ran before it "
+        "on the same server"
+    )
+    return Workload("prose", description, w1.requests, 1)
+
+
 def build_workloads(
     tokenizer: Tokenizer,
     names: Sequence[str],
@@ -413,8 +882,9 @@ def build_workloads(
     s = SCALE_SIZES[scale]
     source = PromptSource(tokenizer)
     levels = tuple(concurrency) if concurrency else s.concurrency
+    w1 = single(source, s.w1_prompt, s.w1_new, seed)
     built: dict[str, list[Workload]] = {
-        "w1": [single(source, s.w1_prompt, s.w1_new, seed)],
+        "w1": [w1],
         "w2": [mixed(source, s.w2_requests, s.w2_prompt, s.w2_new, seed, rate)],
         "w2serial": [serial(source, s.w2_requests, s.w2_prompt, s.w2_new, seed)],
         "chat64": [chat(source, s.chat_requests, s.chat_words, s.chat_new, seed)],
@@ -430,5 +900,8 @@ def build_workloads(
             )
         ],
         "sweep": sweep(source, s.sweep_requests, s.sweep_prompt, s.sweep_new, levels, seed, rate),
+        "edit": [edit(tokenizer, s.edit_requests, s.edit_new, s.edit_concurrency, seed)],
+        "agent": [agent(tokenizer, s.agent_conversations, s.agent_system, s.agent_new, seed)],
+        "prose": [prose(w1)],
     }
     return [w for name in WORKLOAD_NAMES if name in names for w in built[name]]

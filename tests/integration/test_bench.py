@@ -3,6 +3,7 @@
 It loads the real default model, starts real servers (static and continuous batching, and
 continuous without prefix caching) as subprocesses, and measures a couple of tiny requests per
 workload, the chat-sized, one-at-a-time and shared-prefix loads included (vLLM is not needed).
+The coding-agent loads (edit, agent, prose) run against an app at ``--url``, with predictions.
 It checks what the report holds, never how fast anything was: timings on a shared 2-core
 machine are noise.
 """
@@ -15,10 +16,11 @@ from typing import Any
 
 import pytest
 import trio
+from quart import request
 
 from infer import cli
 from infer.bench.metrics import LATENCY_METRICS
-from infer.bench.workloads import SCALE_SIZES
+from infer.bench.workloads import SCALE_SIZES, edit_sources
 from infer.models.default import default_gguf_path
 from support.server import running_server
 
@@ -163,3 +165,56 @@ async def test_sampled_load_reaches_the_server(tmp_path: Path, real_app) -> None
     assert refused["runs"] == []
     (unavailable,) = refused["unavailable"]
     assert "top_p" in unavailable["reason"]
+
+
+async def test_coding_agent_loads_with_predictions(tmp_path: Path, real_app) -> None:
+    """edit, agent and prose at smoke scale, each edit sent with its file as the prediction:
+    no errors, the server's draft counters over each load, the later turns' TTFT alone.
+
+    Measured at ``--url`` (an app on the session's model, no server process to start)."""
+    argv = [
+        "bench",
+        "--scale",
+        "smoke",
+        "--systems",
+        "url",
+        "--workloads",
+        "edit,agent,prose",
+        "--predictions",
+        "--no-progress",
+        "--out",
+        str(tmp_path),
+    ]
+    app = real_app(engine={"max_seq_len": 8192, "max_batch_size": 4})
+    predictions: list[Any] = []
+
+    @app.before_request
+    async def record() -> None:
+        if request.path == "/v1/generate":
+            predictions.append((await request.get_json()).get("prediction"))
+
+    async with running_server(app) as server:
+        status = await trio.to_thread.run_sync(cli.main, [*argv, "--url", server.url])
+    assert status == 0
+    files = {text for _, text in edit_sources()}
+    sent = [p["content"] for p in predictions if p is not None]
+    assert len(sent) == SCALE_SIZES["smoke"].edit_requests and set(sent) <= files
+    assert all(p == {"type": "content", "content": p["content"]} for p in predictions if p)
+    report = _report(tmp_path)
+    runs = {r["workload"]: r for r in report["runs"]}
+    assert set(runs) == {"edit", "agent", "prose"}
+    for run in runs.values():
+        assert run["metrics"]["errors"] == 0 and run["metrics"]["short"] == 0
+        drafts = run["drafts"]
+        assert 0 <= drafts["accepted"] <= drafts["drafted"]
+    assert runs["agent"]["metrics"]["requests"] == 4
+    assert runs["agent"]["metrics"]["ttft_follow_up_ms"]["p50"] > 0
+    md = (tmp_path / report["files"]["md"]).read_text()
+    for text in (
+        "## edit:",
+        "## agent:",
+        "## prose:",
+        "later turns TTFT p50 ms",
+        "drafts accepted",
+    ):
+        assert text in md

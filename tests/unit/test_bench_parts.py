@@ -6,17 +6,29 @@ import json
 import random
 import re
 import time
+from collections.abc import Callable
 
 import httpx
 import pytest
 import trio
+from transformers import PreTrainedTokenizerBase
 
+from infer import cli
 from infer.bench.client import Target, _StreamState, run_workload
-from infer.bench.main import add_ratios
+from infer.bench.main import _variant_of, _with_variants, add_ratios
 from infer.bench.metrics import RequestResult, distribution_ms, summarize
 from infer.bench.report import markdown
 from infer.bench.sse import SSEEvent, SSEParser
+from infer.bench.systems import (
+    INFER_SERVERS,
+    Settings,
+    llama_variants,
+    parse_draft_counters,
+)
 from infer.bench.workloads import (
+    AGENT_TOOLS,
+    EDIT_LINES,
+    EDIT_MODULES,
     SCALE_SIZES,
     SOURCE_TEXT,
     WORKLOAD_NAMES,
@@ -24,6 +36,8 @@ from infer.bench.workloads import (
     PromptSource,
     Workload,
     build_workloads,
+    defined_names,
+    edit_sources,
 )
 
 # A report's metadata, as the bench writes it (the fields the report text reads).
@@ -124,6 +138,16 @@ def test_target_body() -> None:
     assert Target("http://h", "openai").body(request)["stream"] is True
 
 
+def test_prediction_is_sent_only_by_a_target_that_sends_them() -> None:
+    edit = BenchRequest((1, 2), 5, prediction="def f():\n    pass\n")
+    for api in ("native", "openai"):
+        sent = Target("http://h", api, predictions=True).body(edit)
+        assert sent["prediction"] == {"type": "content", "content": "def f():\n    pass\n"}
+        assert sent["prompt"] == [1, 2]  # token ids either way
+        assert "prediction" not in Target("http://h", api).body(edit)
+    assert "prediction" not in Target("http://h", predictions=True).body(BenchRequest((1,), 2))
+
+
 def test_request_metrics() -> None:
     r = RequestResult(start=10.0, token_times=[10.5, 10.6, 10.8], end=10.9, output_tokens=3)
     assert r.ttft == pytest.approx(0.5)
@@ -185,6 +209,10 @@ class _WordTokenizer:
         pieces = re.findall(r"\s*\S+", text)
         return [self.vocab.setdefault(p, len(self.vocab)) for p in pieces]
 
+    def decode(self, ids: tuple[int, ...]) -> str:
+        pieces = {i: p for p, i in self.vocab.items()}
+        return "".join(pieces[i] for i in ids)
+
 
 def _by_name(workloads: list[Workload]) -> dict[str, Workload]:
     return {w.name: w for w in workloads}
@@ -229,9 +257,16 @@ def test_prefix_workload_really_shares_its_prefix() -> None:
 def test_no_two_prompts_share_a_start_outside_the_prefix_workload() -> None:
     # A first KV block (16 tokens in infer) shared by two prompts would be a prefix-cache hit.
     # (The text repeats itself for up to 12 words: "there were a king with a large jaw ...".)
+    # The exceptions: the prefix load, an agent's later turns, and prose (W1 again).
     tok = _WordTokenizer()
     workloads = build_workloads(tok, list(WORKLOAD_NAMES), "full", seed=0)
-    heads = [r.prompt_ids[:16] for w in workloads if w.name != "prefix" for r in w.requests]
+    heads = [
+        r.prompt_ids[:16]
+        for w in workloads
+        if w.name not in ("prefix", "prose")
+        for r in w.requests
+        if r.label not in w.follow_ups
+    ]
     assert len(heads) == len(set(heads))
     warm_up = tuple(tok.encode(SOURCE_TEXT[:200]))[:16]
     assert warm_up not in heads
@@ -240,11 +275,147 @@ def test_no_two_prompts_share_a_start_outside_the_prefix_workload() -> None:
 def test_a_workload_is_the_same_whichever_others_run() -> None:
     tok = _ByteTokenizer()
     every = _by_name(build_workloads(tok, list(WORKLOAD_NAMES), "quick", seed=3))
-    for name in ("w2", "chat64", "prefix"):
+    for name in ("w2", "chat64", "prefix", "edit", "agent", "prose"):
         (alone,) = build_workloads(tok, [name], "quick", seed=3)
         assert alone == every[alone.name]
     with pytest.raises(ValueError, match="unknown workloads"):
         build_workloads(tok, ["w3"], "quick")
+
+
+def test_coding_agent_loads_are_reproducible_per_seed() -> None:
+    names = ["edit", "agent", "prose"]
+    a = build_workloads(_WordTokenizer(), names, "full", seed=3)
+    assert a == build_workloads(_WordTokenizer(), names, "full", seed=3)
+    b = build_workloads(_WordTokenizer(), names, "full", seed=4)
+    for x, y in zip(a[:2], b[:2], strict=True):
+        assert {r.prompt_ids for r in x.requests}.isdisjoint(r.prompt_ids for r in y.requests)
+    for scale, sizes in SCALE_SIZES.items():
+        edit, agent, _ = build_workloads(_ByteTokenizer(), names, scale, seed=0)
+        assert len(edit.requests) == sizes.edit_requests
+        assert all(r.max_new_tokens == sizes.edit_new for r in edit.requests)
+        assert len(agent.requests) == 4 * sizes.agent_conversations
+        assert all(r.max_new_tokens == sizes.agent_new for r in agent.requests)
+
+
+def test_edit_prompts_carry_a_whole_stdlib_file_and_predict_it() -> None:
+    low, high = EDIT_LINES
+    files = dict(edit_sources())
+    assert len(files) >= 5 and set(files) <= {f"{m}.py" for m in EDIT_MODULES}
+    assert all(low <= len(text.splitlines()) <= high for text in files.values())
+    (edit,) = build_workloads(_ByteTokenizer(), ["edit"], "full", seed=1)
+    assert edit.concurrency == 1 and len({r.prompt_ids for r in edit.requests}) == 4
+    for r in edit.requests:
+        prompt = bytes(r.prompt_ids).decode()
+        assert r.prediction in files.values()  # the original file, as Predicted Outputs sends it
+        assert f"```python\n{r.prediction}```" in prompt
+        assert prompt.startswith("System: Session ")  # no chat template: plain text
+        assert prompt.endswith("Return the whole file in one ```python block.\n\nAssistant:")
+        renamed = re.search(r"Rename `(\w+)` to `(\w+)` everywhere", prompt)
+        if renamed:  # a name the file really defines, to a new one
+            assert renamed[1] in defined_names(r.prediction)
+            assert renamed[2] not in r.prediction
+    # Over a few seeds, every instruction is drawn.
+    prompts = [
+        bytes(r.prompt_ids).decode()
+        for seed in range(6)
+        for r in build_workloads(_ByteTokenizer(), ["edit"], "full", seed=seed)[0].requests
+    ]
+    for instruction in ("Add type hints", "Rename `", "Add a docstring"):
+        assert any(instruction in p for p in prompts), instruction
+
+
+def _agent_checks(agent: Workload, decode: Callable[[tuple[int, ...]], str]) -> None:
+    """Four turns a conversation, in order; each turn's prompt extends the one before."""
+    assert agent.concurrency == 1 and agent.follow_ups == ("turn 2", "turn 3", "turn 4")
+    labels = [r.label for r in agent.requests]
+    assert labels == ["turn 1", "turn 2", "turn 3", "turn 4"] * (len(labels) // 4)
+    conversations = [agent.requests[i : i + 4] for i in range(0, len(labels), 4)]
+    for turns in conversations:
+        for before, after in zip(turns, turns[1:], strict=False):
+            assert after.prompt_ids[: len(before.prompt_ids)] == before.prompt_ids
+            assert len(after.prompt_ids) > len(before.prompt_ids) + 10
+        system = decode(turns[0].prompt_ids)
+        assert all(tool["function"]["name"] in system for tool in AGENT_TOOLS)
+        assert "# Repository map" in system and "    def " in system
+    heads = {turns[0].prompt_ids[:16] for turns in conversations}
+    assert len(heads) == len(conversations)  # no conversation shares another's first block
+
+
+def test_agent_turns_share_a_growing_prefix() -> None:
+    tok = _WordTokenizer()
+    (agent,) = build_workloads(tok, ["agent"], "full", seed=2)
+    assert len(agent.requests) == 8
+    _agent_checks(agent, tok.decode)
+
+
+def test_agent_and_edit_use_the_chat_template(default_tokenizer: PreTrainedTokenizerBase) -> None:
+    edit, agent = build_workloads(default_tokenizer, ["edit", "agent"], "quick", seed=0)
+    _agent_checks(agent, default_tokenizer.decode)
+    system_tokens = SCALE_SIZES["quick"].agent_system
+    first = len(agent.requests[0].prompt_ids)
+    assert system_tokens <= first <= system_tokens * 1.2  # about the asked size
+    for r in (*edit.requests, *agent.requests):
+        text = default_tokenizer.decode(r.prompt_ids)
+        assert text.startswith("<|im_start|>system\nSession ")
+        assert text.endswith("<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_prose_is_w1_again() -> None:
+    w1, prose = build_workloads(_ByteTokenizer(), ["w1", "prose"], "full", seed=5)
+    assert prose.name == "prose" and prose.requests == w1.requests and prose.concurrency == 1
+    (alone,) = build_workloads(_ByteTokenizer(), ["prose"], "full", seed=5)
+    assert alone == prose
+
+
+def test_follow_up_ttft_is_summarized_alone() -> None:
+    def result(label: str, ttft: float) -> RequestResult:
+        return RequestResult(0.0, [ttft, ttft + 0.1], 1.0, output_tokens=2, label=label)
+
+    results = [result("turn 1", 2.0), result("turn 2", 0.2), result("turn 3", 0.4)]
+    m = summarize(results, ("turn 2", "turn 3"))
+    assert m["ttft_follow_up_ms"]["p50"] == pytest.approx(300.0)
+    assert m["ttft_ms"]["p50"] == pytest.approx(400.0)
+    assert "ttft_follow_up_ms" not in summarize(results)
+
+
+def test_draft_counters_from_prometheus_text() -> None:
+    text = (
+        "# HELP infer_draft_tokens_total Draft tokens verified (speculative decoding).\n"
+        "# TYPE infer_draft_tokens_total counter\n"
+        "infer_draft_tokens_total 120.0\n"
+        "infer_draft_tokens_created 1.7e+09\n"
+        "# TYPE infer_draft_tokens_accepted_total counter\n"
+        'infer_draft_tokens_accepted_total{model="m"} 45.0\n'
+        "infer_draft_acceptance_rate 0.375\n"
+    )
+    assert parse_draft_counters(text) == (120, 45)
+    assert parse_draft_counters("infer_draft_tokens_total 3.0\n") is None
+
+
+def test_speculative_systems_and_their_settings() -> None:
+    # the flags bench gives `infer serve` are flags it takes
+    for _, flags in INFER_SERVERS.values():
+        cli.build_parser().parse_args(["serve", "--max-seq-len", "8192", *flags])
+    variants = llama_variants("llama.cpp-ngram", ["--spec-type ngram-mod", "--spec-type x"])
+    assert variants == {
+        "llama.cpp-ngram": "--spec-type ngram-mod",
+        "llama.cpp-ngram-2": "--spec-type x",
+    }
+    flags = variants | llama_variants("llama.cpp-draft", ["--spec-type draft-simple"])
+    systems = ["llama.cpp", "llama.cpp-ngram", "infer-nospec", "llama.cpp-draft"]
+    assert _with_variants(systems, flags) == [
+        "llama.cpp",
+        "llama.cpp-ngram",
+        "llama.cpp-ngram-2",
+        "infer-nospec",
+        "llama.cpp-draft",
+    ]
+    assert _variant_of("llama.cpp-ngram-2") == "llama.cpp-ngram"
+    assert _variant_of("llama.cpp") == "llama.cpp"
+    settings = Settings(None, "default", "bfloat16")  # type: ignore[arg-type]
+    assert settings.context(2048) == 2048
+    settings.longest = 6500
+    assert settings.context(2048) == 6656  # rounded up to 256
 
 
 def test_prompt_source_wraps_around() -> None:
@@ -325,6 +496,37 @@ def test_ratio_against_vllm_in_json_and_markdown() -> None:
     assert "6.00 (–), 100 ms; 2.00×; 0.50×" in text
     assert "vllm 95.2 s" in text
     assert "× vLLM" not in markdown(report | {"runs": [_run("sequential", "W2", 1, 0.5)]})
+
+
+def test_markdown_shows_drafts_and_later_turns() -> None:
+    agent = [
+        RequestResult(0.0, [0.5, 0.6], 1.0, output_tokens=2, label="turn 1"),
+        RequestResult(1.0, [1.1, 1.2], 2.0, output_tokens=2, label="turn 2"),
+    ]
+    run = {
+        "system": "infer-continuous",
+        "workload": "agent",
+        "concurrency": 1,
+        "rate": None,
+        "serial": False,
+        "metrics": summarize(agent, ("turn 2",)),
+        "drafts": {"drafted": 40, "accepted": 10, "acceptance": 0.25},
+    }
+    peer = _run("llama.cpp-ngram", "agent", 2, 0.3)
+    report = {
+        "meta": META,
+        "workloads": [{"name": "agent", "description": "turns", "levels": [1]}],
+        "runs": [run, peer],
+        "unavailable": [],
+        "goals": [],
+        "files": {"throughput": "t.png", "latency": "l.png"},
+    }
+    text = markdown(report)
+    assert "| TTFT p50 / p95 / p99 ms | later turns TTFT p50 ms | ITL" in text
+    assert "| errors | drafts accepted |\n|" + "---|" * 11 + "\n" in text
+    assert "| 100 | 100 / 100 / 100 |" in text  # turn 2's TTFT alone
+    assert text.count("| 0 | 25% of 40 |") == 1 and "| 0 | – |" in text
+    assert "drafts accepted" not in markdown(report | {"runs": [peer]})
 
 
 class _FakeServer:
