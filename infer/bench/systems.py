@@ -54,6 +54,7 @@ SYSTEMS = (
     "infer-noprefix",
     "infer-nospec",
     "infer-prediction",
+    "infer-draft",
     "llama.cpp",
     "llama.cpp-ngram",
     "llama.cpp-draft",
@@ -77,6 +78,8 @@ INFER_SERVERS = {
     "infer-noprefix": ("continuous", ["--no-prefix-caching"]),
     "infer-nospec": ("continuous", ["--draft-tokens", "0"]),
     "infer-prediction": ("continuous", []),
+    # Qwen2.5-Coder-0.5B drafting (for the 1.5B: the same tokenizer).
+    "infer-draft": ("continuous", ["--draft-model", "qwen2.5-coder-0.5b"]),
 }
 PREDICTING = frozenset({"infer-prediction"})  # their client sends each request's prediction
 # llama.cpp's speculative peers, each run once per setting of llama-server flags

@@ -403,7 +403,7 @@ SCALE_SIZES = {
     "full": Scale(256, 256, 16, (32, 1024), (64, 256), 64, (32, 512), (16, 64), (1, 4, 16, 64)),
     "quick": Scale(
         128,
-        32,
+        128,
         8,
         (32, 256),
         (16, 48),
@@ -420,8 +420,8 @@ SCALE_SIZES = {
         edit_requests=2,
         edit_new=384,
         agent_conversations=1,
-        agent_system=2000,
-        agent_new=32,
+        agent_system=6000,
+        agent_new=64,
     ),
     "smoke": Scale(
         16,
