@@ -3,6 +3,7 @@
     python bench/offline.py generate   # batch-1 greedy tok/s: generate() vs transformers
     python bench/offline.py engine     # W2 offline: sequential vs static vs continuous
     python bench/offline.py steps      # median decode step time at batch 1, 16, 64
+    python bench/offline.py verify     # one stream's forward time by rows verified (drafts)
 
 Run on a quiet machine; each command prints one table. Ratios within one run are what to
 compare: absolute numbers move with whatever else the 2 cores are doing.
@@ -139,9 +140,58 @@ def bench_steps(
         print(f"| {batch} | {ms:.1f} | {batch * 1000 / ms:.0f} |")
 
 
+def bench_verify(model: str, module: str, new_tokens: int) -> None:
+    """One stream editing a standard-library file: tok/s without drafts, drafting from its
+    prompt, and from the file as its prediction; the forward's median time by rows run."""
+    import collections
+    import importlib.util
+
+    loaded = load_model(model, torch.bfloat16)
+    spec = importlib.util.find_spec(module)
+    assert spec is not None and spec.origin is not None, module
+    source = open(spec.origin).read()
+    ask = "Add type hints to every function. Return the whole file in one python code block."
+    messages = [{"role": "user", "content": f"{ask}\n\n```python\n{source}```"}]
+    rendered: Any = loaded.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    ids: list[int] = list(rendered["input_ids"] if hasattr(rendered, "keys") else rendered)
+    print(f"{len(ids)}-token prompt\n")
+    print("| drafts | tok/s | drafted | kept | forward ms by rows (median, steps) |")
+    print("|---|---|---|---|---|")
+    for name, draft_tokens, prediction in (
+        ("none", 0, None),
+        ("prompt", 16, None),
+        ("prediction", 16, source),
+    ):
+        config = EngineConfig(max_seq_len=len(ids) + new_tokens + 16, draft_tokens=draft_tokens)
+        engine = Engine(config, loaded.model, loaded.tokenizer, loaded.eos_token_ids)
+        greedy = SamplingParams(max_new_tokens=new_tokens, temperature=0.0)
+        req = engine.add_request(ids, greedy, prediction=prediction)
+        while not req.output_ids:  # the prompt
+            engine.step()
+        by_rows: dict[int, list[float]] = collections.defaultdict(list)
+        run = engine.runner.run
+
+        def timed(plan: Any, run: Any = run, by_rows: Any = by_rows) -> Any:
+            start = time.perf_counter()
+            out = run(plan)
+            by_rows[sum(1 + len(r.draft) for r in plan.decode)].append(time.perf_counter() - start)
+            return out
+
+        engine.runner.run = timed  # type: ignore[method-assign]
+        first, start = len(req.output_ids), time.perf_counter()
+        while engine.has_work():
+            engine.step()
+        rate = (len(req.output_ids) - first) / (time.perf_counter() - start)
+        spec_ = engine.scheduler.speculator
+        rows = ", ".join(
+            f"{k}: {statistics.median(v) * 1000:.0f} ({len(v)})" for k, v in sorted(by_rows.items())
+        )
+        print(f"| {name} | {rate:.1f} | {spec_.drafted} | {spec_.accepted} | {rows} |")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("what", choices=["generate", "engine", "steps"])
+    p.add_argument("what", choices=["generate", "engine", "steps", "verify"])
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--prompt-len", type=int, default=64)
     p.add_argument("--context", type=int, default=512)
@@ -150,11 +200,14 @@ def main() -> None:
     p.add_argument("--model", default="default", help="steps: the model to load")
     p.add_argument("--weights", default="auto", choices=WEIGHT_MODES, help="steps: as serve's")
     p.add_argument("--batches", default="1,16,64", help="steps: comma-separated batch sizes")
+    p.add_argument("--file", default="colorsys", help="verify: the standard-library module")
     args = p.parse_args()
     if args.what == "generate":
         bench_generate(args.new_tokens, args.prompt_len)
     elif args.what == "engine":
         bench_engine(args.seed)
+    elif args.what == "verify":
+        bench_verify(args.model, args.file, args.new_tokens)
     else:
         bench_steps(
             args.context,
