@@ -162,7 +162,10 @@ def open_system(name: str, settings: Settings) -> Iterator[Measure]:
         url = f"http://127.0.0.1:{port}"
         mode, flags = INFER_SERVERS[name]
         context = settings.context(INFER_MAX_SEQ_LEN)
-        args = ["--max-seq-len", str(context)] if context > INFER_MAX_SEQ_LEN else []
+        args = []
+        if context > INFER_MAX_SEQ_LEN:
+            # A prompt that long is longer text too (the byte limit counts decoded ids).
+            args += ["--max-seq-len", str(context), "--max-prompt-bytes", str(16 * context)]
         args += [*settings.server_args, *flags]
         if settings.threads:
             args += ["--num-threads", str(settings.threads)]
