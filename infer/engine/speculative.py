@@ -237,12 +237,16 @@ class DraftModel:
     overwritten then. Every step runs ``k`` small forwards: the catch-up with the first draft
     token's logits, then one per further token, every drafting request in each.
 
+    It reads a request from where it first drafted for it, at most ``catch_up_budget``
+    tokens back: a long prompt (an agent's tool schemas) would cost the draft model a
+    prefill of its own, and the last thousand tokens are what a draft depends on.
+
     Args:
         model: The draft model.
         num_blocks: Blocks of its KV cache.
         block_size: Tokens per block.
-        catch_up_budget: Most tokens it runs to catch up in one step (a long prompt is
-            caught up over several steps, with no model draft meanwhile).
+        catch_up_budget: Most tokens it runs to catch up in one step, and how far back it
+            reads a request it starts on.
     """
 
     def __init__(
@@ -253,6 +257,7 @@ class DraftModel:
         self.cache = PagedKVCache(model.config, num_blocks, block_size, model.dtype, model.device)
         self.catch_up_budget = catch_up_budget
         self._held: dict[str, list[int]] = {}  # request → the tokens its draft cache holds
+        self._offset: dict[str, int] = {}  # request → where the draft model's view starts
 
     @staticmethod
     def check_tokenizer(target: PreTrainedTokenizerBase, draft: PreTrainedTokenizerBase) -> None:
@@ -271,6 +276,7 @@ class DraftModel:
 
     def free(self, request_id: str) -> None:
         self._held.pop(request_id, None)
+        self._offset.pop(request_id, None)
         self.blocks.free(request_id)
 
     @torch.inference_mode()
@@ -288,7 +294,9 @@ class DraftModel:
         spans: list[tuple[str, list[int], int]] = []  # id, tokens to run, their start
         drafting: list[tuple[str, list[int], int]] = []  # id, tokens, k
         budget = self.catch_up_budget
-        for request_id, tokens, k in wanted:
+        for request_id, sequence, k in wanted:
+            window = len(sequence) - self.catch_up_budget
+            tokens = sequence[self._offset.setdefault(request_id, max(0, window)) :]
             start = self._valid(request_id, tokens)
             end = min(len(tokens), start + budget)
             if end <= start or not self._room(request_id, max(end, len(tokens) + k - 1)):
