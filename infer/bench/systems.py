@@ -60,17 +60,12 @@ SYSTEMS = (
     "llama.cpp-draft",
     "vllm",
 )
-# What `infer bench` measures when no systems are named: the speculative ones are asked for.
-DEFAULT_SYSTEMS = (
-    "sequential",
-    "hf",
-    "hf-batched",
-    "infer-static",
-    "infer-continuous",
-    "infer-noprefix",
-    "llama.cpp",
-    "vllm",
+# Measured only when asked for (what `infer bench` measures when no systems are named is
+# the rest).
+OPT_IN_SYSTEMS = frozenset(
+    {"infer-nospec", "infer-prediction", "infer-draft", "llama.cpp-ngram", "llama.cpp-draft"}
 )
+DEFAULT_SYSTEMS = tuple(s for s in SYSTEMS if s not in OPT_IN_SYSTEMS)
 # infer's servers: the batching mode, and extra `infer serve` arguments.
 INFER_SERVERS = {
     "infer-static": ("static", []),
