@@ -44,7 +44,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("x"), py::arg("packed"), py::arg("width"), py::arg("bias") = py::none(),
         py::arg("gelu") = false, NoGil());
   m.def("has_quant_linear", &has_quant_linear,
-        "whether this build has the AVX512-VNNI quantized linear", NoGil());
+        "whether this build has the quantized linears (AVX512-VNNI, AVX-VNNI or AVX2)", NoGil());
+  m.def("quant_isa", &quant_isa,
+        "the instructions the quantized linears use: avx512vnni, avxvnni, avx2, or '' (none)");
   m.def("quant_linear", &quant_linear,
         "x @ W.T + bias with a weight packed by infer.models.quant (x quantized per group)",
         py::arg("x"), py::arg("weight"), py::arg("bias") = py::none(),

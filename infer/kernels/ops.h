@@ -3,6 +3,8 @@
 
 #include <ATen/ATen.h>
 
+#include <string>
+
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache,
                                   const at::Tensor& v_cache, const at::Tensor& block_tables,
                                   const at::Tensor& seq_lens, double scale, int64_t window);
@@ -35,8 +37,11 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed, int64_t ou
 at::Tensor bf16_gated_linear(const at::Tensor& x, const at::Tensor& packed, int64_t width,
                              const c10::optional<at::Tensor>& bias, bool gelu);
 
-// Linears over weights packed by infer.models.quant (AVX512-VNNI; see quant_linear.cpp).
+// Linears over weights packed by infer.models.quant (AVX512-VNNI, AVX-VNNI or AVX2; see
+// quant_linear.cpp).
 bool has_quant_linear();
+// Which of those this build runs: "avx512vnni", "avxvnni", "avx2", or "" (none).
+std::string quant_isa();
 
 at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& weight,
                         const c10::optional<at::Tensor>& bias, bool out_float);

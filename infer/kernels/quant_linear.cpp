@@ -1,4 +1,6 @@
-// Linear layers over quantized weights, read as they are: AVX512-VNNI integer dot products.
+// Linear layers over quantized weights, read as they are: integer dot products on AVX512-VNNI
+// (VPDPBUSD on 512 bits), AVX-VNNI (its VEX form on 256 bits) or AVX2 (VPMADDUBSW then
+// VPMADDWD).
 //
 // A weight is one uint8 tensor (packed by infer/models/quant.py): a 128-byte header (magic,
 // bits, G, S, N, K, the offsets of sc and sup, which of s and o sc holds), then
@@ -23,6 +25,11 @@
 // turns float once per span. Other weights take d_a per group. A tile of R rows x 32 columns
 // keeps its accumulators in registers across K, so each weight load feeds R rows. Every row
 // is computed the same way whatever else is in the call: results do not depend on the batch.
+//
+// Each 32-bit lane holds one column's sums, so the arithmetic never crosses lanes: a vector
+// of 8 lanes (AVX2) computes each column with the same operations, in the same order, as one
+// of 16 (AVX512), and both builds give the same bits. On 256 bits a tile's unit is half a
+// 16-column block: its q, sc and sup are the block's at an offset of 8 lanes.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -34,16 +41,22 @@
 #include "vec.h"
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512F__)
+#define INFER_QUANT_BITS 512
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define INFER_QUANT_BITS 256
+#endif
+
+#ifdef INFER_QUANT_BITS
 #include <immintrin.h>
 
 namespace {
 
 constexpr int64_t kMagic = 0x32544E4951;  // "QINT2"
 constexpr int64_t kHeader = 128;          // bytes
-constexpr int64_t kLanes = 16;
-constexpr int64_t kCols = 2;       // 16-column blocks per tile
-constexpr int64_t kRows = 4;       // rows per tile
-constexpr int64_t kRowBlock = 64;  // rows per pass over the weights
+constexpr int64_t kLanes = 16;            // columns per block of the packed layout
+constexpr int64_t kCols = 2;              // 16-column blocks per work item
+constexpr int64_t kRows = 4;              // rows per tile
+constexpr int64_t kRowBlock = 64;         // rows per pass over the weights
 // How far ahead of its loads a tile prefetches its weights (bytes). A tile's columns are
 // contiguous streams of a few KB, too short for the hardware prefetcher to ramp up.
 constexpr int64_t kAhead = 16384;
@@ -53,6 +66,180 @@ constexpr int64_t kSpanGroups = 8;
 enum Act : int { kNone = 0, kSilu = 1, kGelu = 2 };
 // How a tile scales (see tile()): x per group, per group with s = o = 1, per span of groups.
 enum Mode : int { kPerGroup = 0, kUnit = 1, kSpan = 2 };
+
+#if INFER_QUANT_BITS == 512
+// The vector operations a tile uses, on 16 lanes.
+struct V {
+  static constexpr int64_t kWidth = 16;
+  using I = __m512i;
+  using F = __m512;
+  static I zero() { return _mm512_setzero_si512(); }
+  static F zerof() { return _mm512_setzero_ps(); }
+  static I load(const uint8_t* p) { return _mm512_loadu_si512(p); }
+  static I set1(int32_t v) { return _mm512_set1_epi32(v); }
+  static I set1_8(char v) { return _mm512_set1_epi8(v); }
+  static I and_(I a, I b) { return _mm512_and_si512(a, b); }
+  static I or_(I a, I b) { return _mm512_or_si512(a, b); }
+  static I srli16(I a, unsigned n) { return _mm512_srli_epi16(a, n); }
+  static I slli16(I a, unsigned n) { return _mm512_slli_epi16(a, n); }
+  static I add(I a, I b) { return _mm512_add_epi32(a, b); }
+  static I mullo(I a, I b) { return _mm512_mullo_epi32(a, b); }
+  // acc + the sums of four u8 x s8 products per lane, exact
+  template <int Bits>
+  static I dot(I acc, I u, I x) {
+    return _mm512_dpbusd_epi32(acc, u, x);
+  }
+  // acc + the sums of two s16 x s16 products per lane
+  static I dot16(I acc, I a, I b) { return _mm512_dpwssd_epi32(acc, a, b); }
+  // 16 int8 as int32 lanes
+  static I int8(const int8_t* p) {
+    return _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  // lane i: the int16 pair (a[i], b[i])
+  static I pairs(const int8_t* a, const int8_t* b) {
+    const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a));
+    const __m128i y = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b));
+    return _mm512_cvtepi8_epi16(_mm256_set_m128i(_mm_unpackhi_epi8(x, y), _mm_unpacklo_epi8(x, y)));
+  }
+  static F tof(I a) { return _mm512_cvtepi32_ps(a); }
+  static F half(const at::Half* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  static F set1f(float v) { return _mm512_set1_ps(v); }
+  static F loadf(const float* p) { return _mm512_loadu_ps(p); }
+  static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  static F addf(F a, F b) { return _mm512_add_ps(a, b); }
+  static F fmadd(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+  static F fnmadd(F a, F b, F c) { return _mm512_fnmadd_ps(a, b, c); }
+  static F silu(F x) { return silu16(x); }
+  static F gelu(F x) { return gelu_tanh16(x); }
+  static void store(float* p, F v) { _mm512_storeu_ps(p, v); }
+  static void store(c10::BFloat16* p, F v) {
+#if defined(__AVX512BF16__)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), (__m256i)_mm512_cvtneps_pbh(v));
+#else
+    alignas(64) float f[16];
+    _mm512_store_ps(f, v);
+    for (int i = 0; i < 16; ++i) p[i] = from_float<c10::BFloat16>(f[i]);
+#endif
+  }
+  // x's first 16 values as float
+  static F loadx(const float* p) { return _mm512_loadu_ps(p); }
+  static F loadx(const c10::BFloat16* p) { return load_bf16(p, 0xFFFF); }
+  static float max_abs(F a) { return _mm512_reduce_max_ps(a); }
+  static F absf(F a) { return _mm512_abs_ps(a); }
+  static F maxf(F a, F b) { return _mm512_max_ps(a, b); }
+  // round to nearest even; store as int8 (|v| <= 127) and return the lanes' sum
+  static int32_t to_int8(F v, int8_t* out) {
+    const __m512i q = _mm512_cvt_roundps_epi32(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm512_cvtsepi32_epi8(q));
+    return _mm512_reduce_add_epi32(q);
+  }
+};
+#else
+// The same operations on 8 lanes: AVX2, with AVX-VNNI's dot products where the CPU has them.
+struct V {
+  static constexpr int64_t kWidth = 8;
+  using I = __m256i;
+  using F = __m256;
+  static I zero() { return _mm256_setzero_si256(); }
+  static F zerof() { return _mm256_setzero_ps(); }
+  static I load(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+  static I set1(int32_t v) { return _mm256_set1_epi32(v); }
+  static I set1_8(char v) { return _mm256_set1_epi8(v); }
+  static I and_(I a, I b) { return _mm256_and_si256(a, b); }
+  static I or_(I a, I b) { return _mm256_or_si256(a, b); }
+  static I srli16(I a, unsigned n) { return _mm256_srli_epi16(a, n); }
+  static I slli16(I a, unsigned n) { return _mm256_slli_epi16(a, n); }
+  static I add(I a, I b) { return _mm256_add_epi32(a, b); }
+  static I mullo(I a, I b) { return _mm256_mullo_epi32(a, b); }
+  template <int Bits>
+  static I dot(I acc, I u, I x) {
+#if defined(__AVXVNNI__)
+    return _mm256_dpbusd_avx_epi32(acc, u, x);
+#else
+    // VPMADDUBSW adds two u8 x s8 products in int16 with saturation: exact while u < 128
+    // (|q_a| <= 127). 8-bit weights go by nibbles: u q = 16 (u >> 4) q + (u & 15) q.
+    const __m256i ones = _mm256_set1_epi16(1);
+    if constexpr (Bits == 8) {
+      const __m256i nib = _mm256_set1_epi8(0x0F);
+      const __m256i lo = _mm256_maddubs_epi16(_mm256_and_si256(u, nib), x);
+      const __m256i hi = _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(u, 4), nib), x);
+      const __m256i sum = _mm256_add_epi32(_mm256_madd_epi16(lo, ones),
+                                           _mm256_slli_epi32(_mm256_madd_epi16(hi, ones), 4));
+      return _mm256_add_epi32(acc, sum);
+    } else {
+      return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), ones));
+    }
+#endif
+  }
+  static I dot16(I acc, I a, I b) {
+#if defined(__AVXVNNI__)
+    return _mm256_dpwssd_avx_epi32(acc, a, b);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
+#endif
+  }
+  static I int8(const int8_t* p) {
+    return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  }
+  static I pairs(const int8_t* a, const int8_t* b) {
+    const __m128i x = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(a));
+    const __m128i y = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b));
+    return _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(x, y));
+  }
+  static F tof(I a) { return _mm256_cvtepi32_ps(a); }
+  static F half(const at::Half* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  static F set1f(float v) { return _mm256_set1_ps(v); }
+  static F loadf(const float* p) { return _mm256_loadu_ps(p); }
+  static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
+  static F addf(F a, F b) { return _mm256_add_ps(a, b); }
+  static F fmadd(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+  static F fnmadd(F a, F b, F c) { return _mm256_fnmadd_ps(a, b, c); }
+  static F silu(F x) { return silu8(x); }
+  static F gelu(F x) { return gelu_tanh8(x); }
+  static void store(float* p, F v) { _mm256_storeu_ps(p, v); }
+  static void store(c10::BFloat16* p, F v) {
+    // round to nearest even, as VCVTNEPS2BF16 (no NaN reaches here)
+    const __m256i u = _mm256_castps_si256(v);
+    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    const __m256i r = _mm256_srli_epi32(
+        _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7FFF)), odd), 16);
+    const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
+  }
+  static F loadx(const float* p) { return _mm256_loadu_ps(p); }
+  static F loadx(const c10::BFloat16* p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(
+        _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+  }
+  static float max_abs(F a) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+  }
+  static F absf(F a) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), a); }
+  static F maxf(F a, F b) { return _mm256_max_ps(a, b); }
+  static int32_t to_int8(F v, int8_t* out) {
+    const __m256i q = _mm256_cvtps_epi32(
+        _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    const __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+    const __m128i w = _mm_packs_epi32(lo, hi);
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(out), _mm_packs_epi16(w, w));
+    __m128i s = _mm_add_epi32(lo, hi);
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+    return _mm_cvtsi128_si32(s);
+  }
+};
+#endif
+
+constexpr int64_t kW = V::kWidth;  // columns per vector: a tile's unit
+using VI = V::I;
+using VF = V::F;
 
 struct Layout {
   int64_t bits, group, supers_every, n, k;
@@ -119,34 +306,20 @@ void quantize_rows(const T* x, int64_t rows, int64_t k, int64_t group, int64_t p
   out.q.resize(rows * k);
   out.d.resize(rows * out.spans);
   out.bsum.resize(rows * out.groups);
-  auto load = [](const T* p) {
-    if constexpr (std::is_same_v<T, float>) {
-      return _mm512_loadu_ps(p);
-    } else {
-      return load_bf16(p, 0xFFFF);
-    }
-  };
   auto row = [&](int64_t r) {
     const T* xr = x + r * k;
     for (int64_t sp = 0; sp < out.spans; ++sp) {
       const int64_t k0 = sp * per * group, k1 = std::min(k, k0 + per * group);
-      __m512 amax = _mm512_setzero_ps();
-      for (int64_t i = k0; i < k1; i += kLanes)
-        amax = _mm512_max_ps(amax, _mm512_abs_ps(load(xr + i)));
-      const float m = _mm512_reduce_max_ps(amax);
+      VF amax = V::zerof();
+      for (int64_t i = k0; i < k1; i += kW) amax = V::maxf(amax, V::absf(V::loadx(xr + i)));
+      const float m = V::max_abs(amax);
       const float d = m / 127.0f;
-      const __m512 inv = _mm512_set1_ps(m > 0.0f ? 127.0f / m : 0.0f);
+      const VF inv = V::set1f(m > 0.0f ? 127.0f / m : 0.0f);
       out.d[r * out.spans + sp] = d;
       for (int64_t g = k0 / group; g < k1 / group; ++g) {
         int32_t total = 0;
-        for (int64_t h = 0; h < group / kLanes; ++h) {
-          const int64_t i = g * group + h * kLanes;
-          const __m512i qi = _mm512_cvt_roundps_epi32(
-              _mm512_mul_ps(load(xr + i), inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-          total += _mm512_reduce_add_epi32(qi);
-          _mm_storeu_si128(reinterpret_cast<__m128i*>(&out.q[r * k + i]),
-                           _mm512_cvtsepi32_epi8(qi));
-        }
+        for (int64_t i = g * group; i < (g + 1) * group; i += kW)
+          total += V::to_int8(V::mul(V::loadx(xr + i), inv), &out.q[r * k + i]);
         out.bsum[r * out.groups + g] = static_cast<int16_t>(total);
       }
     }
@@ -160,6 +333,7 @@ void quantize_rows(const T* x, int64_t rows, int64_t k, int64_t group, int64_t p
   }
 }
 
+// Where a tile writes: out's row 0 at its first column.
 struct Out {
   void* p;
   int64_t ldo;  // elements per output row
@@ -168,225 +342,213 @@ struct Out {
   Act act;
 };
 
-// The 16 columns' 64-byte weight vector of k step `step` (four k's) from a column block's q.
+// A tile's unit of columns (kW of them): its weights, scales and superblock scales.
+struct Unit {
+  const uint8_t* q;
+  const int8_t* sc;
+  const at::Half* sup;
+};
+
+// The unit's kW columns' weight vector of k step `step` (four k's) from its q. A block's
+// rows of 16 columns are 64 bytes; a unit of 8 reads its half.
 template <int Bits>
-inline __m512i weights(const uint8_t* q, int64_t step) {
-  const __m512i nib = _mm512_set1_epi8(0x0F);
+inline VI weights(const uint8_t* q, int64_t step) {
+  const VI nib = V::set1_8(0x0F);
   if constexpr (Bits == 8) {
-    return _mm512_loadu_si512(q + step * 64);
+    return V::load(q + step * 64);
   } else if constexpr (Bits == 4) {
-    const __m512i v = _mm512_loadu_si512(q + (step >> 1) * 64);
-    return (step & 1) ? _mm512_and_si512(_mm512_srli_epi16(v, 4), nib)
-                      : _mm512_and_si512(v, nib);
+    const VI v = V::load(q + (step >> 1) * 64);
+    return (step & 1) ? V::and_(V::srli16(v, 4), nib) : V::and_(v, nib);
   } else {  // 6 bits: 192 bytes per four steps
     const uint8_t* quad = q + (step >> 2) * 192;
-    const __m512i v = _mm512_loadu_si512(quad + ((step >> 1) & 1) * 64);
-    const __m512i low = (step & 1) ? _mm512_and_si512(_mm512_srli_epi16(v, 4), nib)
-                                   : _mm512_and_si512(v, nib);
+    const VI v = V::load(quad + ((step >> 1) & 1) * 64);
+    const VI low = (step & 1) ? V::and_(V::srli16(v, 4), nib) : V::and_(v, nib);
     // this step's two top bits to bits 4-5 of each byte (16-bit shifts: the mask drops
     // what crosses from the neighbouring byte)
-    const __m512i tops = _mm512_loadu_si512(quad + 128);
+    const VI tops = V::load(quad + 128);
     const int shift = 2 * static_cast<int>(step & 3);
-    const __m512i high = shift <= 4 ? _mm512_slli_epi16(tops, 4 - shift)
-                                    : _mm512_srli_epi16(tops, shift - 4);
-    return _mm512_or_si512(low, _mm512_and_si512(high, _mm512_set1_epi8(0x30)));
+    const VI high = shift <= 4 ? V::slli16(tops, 4 - shift) : V::srli16(tops, shift - 4);
+    return V::or_(low, V::and_(high, V::set1_8(0x30)));
   }
 }
 
-// The dot products of one group: dot[r][c] += sum over its k's of u * q_a (exact, int32).
+// The dot products of one group: dot[r][c] = sum over its k's of u * q_a (exact, int32).
 template <int Bits, int G, int R, int C>
-inline void group_dots(const uint8_t* const* q, int64_t g, const int32_t* const* xq,
-                       __m512i (&dot)[R][C]) {
+inline void group_dots(const Unit* u, int64_t g, const int32_t* const* xq, VI (&dot)[R][C]) {
   constexpr int kSteps = G / 4;
   constexpr int64_t kGroupBytes = G * kLanes * Bits / 8;  // one block's weights per group
   const uint8_t* qg[C];
   for (int c = 0; c < C; ++c) {
-    qg[c] = q[c] + g * kGroupBytes;
+    qg[c] = u[c].q + g * kGroupBytes;
     for (int64_t line = 0; line < kGroupBytes; line += 64)
       _mm_prefetch(reinterpret_cast<const char*>(qg[c]) + line + kAhead, _MM_HINT_T1);
   }
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) dot[r][c] = _mm512_setzero_si512();
+    for (int c = 0; c < C; ++c) dot[r][c] = V::zero();
   // unrolled, so that each step's nibble and shift are constants
 #pragma GCC unroll 16
   for (int st = 0; st < kSteps; ++st) {
-    __m512i wv[C];
+    VI wv[C];
     for (int c = 0; c < C; ++c) wv[c] = weights<Bits>(qg[c], st);
     for (int r = 0; r < R; ++r) {
-      const __m512i xb = _mm512_set1_epi32(xq[r][g * kSteps + st]);
-      for (int c = 0; c < C; ++c) dot[r][c] = _mm512_dpbusd_epi32(dot[r][c], wv[c], xb);
+      const VI xb = V::set1(xq[r][g * kSteps + st]);
+      for (int c = 0; c < C; ++c) dot[r][c] = V::template dot<Bits>(dot[r][c], wv[c], xb);
     }
   }
 }
 
-// 16 int8 values from p as floats.
-inline __m512 int8_ps(const int8_t* p) {
-  return _mm512_cvtepi32_ps(
-      _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-}
-
-// Rows [0, R) x column blocks [0, C) from block `b0`; x rows from `r0`.
+// Rows [0, R) x the C units; x rows from `r0`, output rows from `r0`.
 //
 // Per group (kPerGroup, kUnit; x has a scale per group): acc += d_a*D*s*dot - M*o*d_a*sum(q_a),
-// four float operations per row and column block, on the pipes the dot products use: with
-// them a batch's tile ran at ~65% of the CPU's VNNI peak, without them at ~90%. kSpan
-// (x scaled per span of groups within a superblock): per group only S += s*dot in int32
-// (VPMULLD and an add), and once per span acc += d_a*(D*S - M*sum_g o*sum(q_a)), that sum
-// by VPDPWSSD over pairs of groups.
+// four float operations per row and unit, on the pipes the dot products use. kSpan (x scaled
+// per span of groups within a superblock): per group only S += s*dot in int32 (a multiply and
+// an add), and once per span acc += d_a*(D*S - M*sum_g o*sum(q_a)), that sum by 16-bit dot
+// products over pairs of groups.
 template <int Bits, int G, int R, int C, int Mode>
-void tile(const Layout& l, int64_t b0, const QuantX& x, int64_t r0, const Out& o, int64_t orow0) {
-  __m512 acc[R][C];
+void tile(const Layout& l, const Unit* u, const QuantX& x, int64_t r0, const Out& o) {
+  VF acc[R][C];
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
-  const uint8_t* q[C];
-  const int8_t* sc[C];
-  const at::Half* sup[C];
-  for (int c = 0; c < C; ++c) {
-    q[c] = l.q + (b0 + c) * l.q_block;
-    sc[c] = l.sc + (b0 + c) * l.sc_block;
-    sup[c] = l.sup + (b0 + c) * l.sup_block;
-  }
+    for (int c = 0; c < C; ++c) acc[r][c] = V::zerof();
   const int32_t* xq[R];
   for (int r = 0; r < R; ++r) xq[r] = reinterpret_cast<const int32_t*>(&x.q[(r0 + r) * x.k]);
   for (int64_t s0 = 0, sb = 0; s0 < l.groups; s0 += l.supers_every, ++sb) {
-    __m512 dv[C], mv[C];
+    VF dv[C], mv[C];
     for (int c = 0; c < C; ++c) {
-      const at::Half* d = sup[c] + sb * 2 * kLanes;
-      dv[c] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(d)));
-      mv[c] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(d + kLanes)));
+      const at::Half* d = u[c].sup + sb * 2 * kLanes;
+      dv[c] = V::half(d);
+      mv[c] = V::half(d + kLanes);
     }
     const int64_t g1 = std::min(l.groups, s0 + l.supers_every);
     if constexpr (Mode == kSpan) {
       for (int64_t p0 = s0; p0 < g1; p0 += x.per) {  // the spans of this superblock
         const int64_t p1 = std::min(g1, p0 + x.per);
-        __m512i isum[R][C];
+        VI isum[R][C];
         for (int r = 0; r < R; ++r)
-          for (int c = 0; c < C; ++c) isum[r][c] = _mm512_setzero_si512();
+          for (int c = 0; c < C; ++c) isum[r][c] = V::zero();
         for (int64_t g = p0; g < p1; ++g) {
-          __m512i dot[R][C];
-          group_dots<Bits, G, R, C>(q, g, xq, dot);
+          VI dot[R][C];
+          group_dots<Bits, G, R, C>(u, g, xq, dot);
           for (int c = 0; c < C; ++c) {
-            const __m512i sv = _mm512_cvtepi8_epi32(
-                _mm_loadu_si128(reinterpret_cast<const __m128i*>(sc[c] + g * l.sc_group)));
-            for (int r = 0; r < R; ++r)
-              isum[r][c] = _mm512_add_epi32(isum[r][c], _mm512_mullo_epi32(dot[r][c], sv));
+            const VI sv = V::int8(u[c].sc + g * l.sc_group);
+            for (int r = 0; r < R; ++r) isum[r][c] = V::add(isum[r][c], V::mullo(dot[r][c], sv));
           }
         }
-        __m512 sum[R][C];
+        VF sum[R][C];
         for (int r = 0; r < R; ++r)
-          for (int c = 0; c < C; ++c) sum[r][c] = _mm512_cvtepi32_ps(isum[r][c]);
-        // sum_g o * sum(q_a), two groups per VPDPWSSD: each lane's (o_g, o_g+1) as int16 pairs
-        __m512i mins[R][C];
+          for (int c = 0; c < C; ++c) sum[r][c] = V::tof(isum[r][c]);
+        // sum_g o * sum(q_a), two groups per 16-bit dot: each lane's (o_g, o_g+1) as a pair
+        VI mins[R][C];
         for (int r = 0; r < R; ++r)
-          for (int c = 0; c < C; ++c) mins[r][c] = _mm512_setzero_si512();
+          for (int c = 0; c < C; ++c) mins[r][c] = V::zero();
         for (int64_t g = p0; g < p1; g += 2) {
-          __m512i pair[C];
+          VI pair[C];
           for (int c = 0; c < C; ++c) {
-            const int8_t* o = sc[c] + g * l.sc_group + l.o_at;
-            const auto* lo = reinterpret_cast<const __m128i*>(o);
-            const auto* hi = reinterpret_cast<const __m128i*>(o + l.sc_group);
-            const __m128i a = _mm_loadu_si128(lo), b = _mm_loadu_si128(hi);
-            pair[c] = _mm512_cvtepi8_epi16(
-                _mm256_set_m128i(_mm_unpackhi_epi8(a, b), _mm_unpacklo_epi8(a, b)));
+            const int8_t* og = u[c].sc + g * l.sc_group + l.o_at;
+            pair[c] = V::pairs(og, og + l.sc_group);
           }
           for (int r = 0; r < R; ++r) {
             int32_t both;
             std::memcpy(&both, &x.bsum[(r0 + r) * x.groups + g], sizeof both);
-            const __m512i bs = _mm512_set1_epi32(both);
-            for (int c = 0; c < C; ++c) mins[r][c] = _mm512_dpwssd_epi32(mins[r][c], pair[c], bs);
+            const VI bs = V::set1(both);
+            for (int c = 0; c < C; ++c) mins[r][c] = V::dot16(mins[r][c], pair[c], bs);
           }
         }
         for (int r = 0; r < R; ++r) {
-          const __m512 da = _mm512_set1_ps(x.d[(r0 + r) * x.spans + p0 / x.per]);
+          const VF da = V::set1f(x.d[(r0 + r) * x.spans + p0 / x.per]);
           for (int c = 0; c < C; ++c) {
-            const __m512 t = _mm512_fnmadd_ps(mv[c], _mm512_cvtepi32_ps(mins[r][c]),
-                                              _mm512_mul_ps(dv[c], sum[r][c]));
-            acc[r][c] = _mm512_fmadd_ps(t, da, acc[r][c]);
+            const VF t = V::fnmadd(mv[c], V::tof(mins[r][c]), V::mul(dv[c], sum[r][c]));
+            acc[r][c] = V::fmadd(t, da, acc[r][c]);
           }
         }
       }
     } else {
       for (int64_t g = s0; g < g1; ++g) {
-        __m512i dot[R][C];
-        group_dots<Bits, G, R, C>(q, g, xq, dot);
+        VI dot[R][C];
+        group_dots<Bits, G, R, C>(u, g, xq, dot);
         // the group's scales after its dot products: fewer registers live across them
-        __m512 sv[C], ov[C];
+        VF sv[C], ov[C];
         for (int c = 0; c < C; ++c) {
           if constexpr (Mode == kUnit) {  // s = o = 1: D and M are the group's
             sv[c] = dv[c];
             ov[c] = mv[c];
           } else {
-            sv[c] = _mm512_mul_ps(dv[c], int8_ps(sc[c] + g * l.sc_group));
-            ov[c] = _mm512_mul_ps(mv[c], int8_ps(sc[c] + g * l.sc_group + l.o_at));
+            sv[c] = V::mul(dv[c], V::tof(V::int8(u[c].sc + g * l.sc_group)));
+            ov[c] = V::mul(mv[c], V::tof(V::int8(u[c].sc + g * l.sc_group + l.o_at)));
           }
         }
         for (int r = 0; r < R; ++r) {
           const float d = x.d[(r0 + r) * x.spans + g];
-          const __m512 da = _mm512_set1_ps(d);
-          const __m512 ds =
-              _mm512_set1_ps(d * static_cast<float>(x.bsum[(r0 + r) * x.groups + g]));
+          const VF da = V::set1f(d);
+          const VF ds = V::set1f(d * static_cast<float>(x.bsum[(r0 + r) * x.groups + g]));
           for (int c = 0; c < C; ++c) {
-            acc[r][c] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(dot[r][c]), da),
-                                        sv[c], acc[r][c]);
-            acc[r][c] = _mm512_fnmadd_ps(ov[c], ds, acc[r][c]);
+            acc[r][c] = V::fmadd(V::mul(V::tof(dot[r][c]), da), sv[c], acc[r][c]);
+            acc[r][c] = V::fnmadd(ov[c], ds, acc[r][c]);
           }
         }
       }
     }
   }
+  auto put = [&](int64_t row, int64_t col, VF v) {
+    if (o.out_float) {
+      V::store(static_cast<float*>(o.p) + row * o.ldo + col, v);
+    } else {
+      V::store(static_cast<c10::BFloat16*>(o.p) + row * o.ldo + col, v);
+    }
+  };
   for (int r = 0; r < R; ++r) {
-    const int64_t row = orow0 + r;
-    if (o.act != kNone) {  // columns: 16 gate then the matching 16 up
-      const __m512 bg = o.bias ? _mm512_loadu_ps(o.bias) : _mm512_setzero_ps();
-      const __m512 bu = o.bias ? _mm512_loadu_ps(o.bias + kLanes) : _mm512_setzero_ps();
-      const __m512 gt = _mm512_add_ps(acc[r][0], bg);
-      const __m512 y = _mm512_mul_ps(o.act == kSilu ? silu16(gt) : gelu_tanh16(gt),
-                                     _mm512_add_ps(acc[r][1], bu));
-      if (o.out_float) {
-        _mm512_storeu_ps(static_cast<float*>(o.p) + row * o.ldo, y);
-      } else {
-        auto* dst = static_cast<c10::BFloat16*>(o.p) + row * o.ldo;
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), (__m256i)_mm512_cvtneps_pbh(y));
-      }
+    const int64_t row = r0 + r;
+    if (o.act != kNone) {  // unit 0 the gate, unit 1 its up (16 columns further in the weight)
+      const VF bg = o.bias ? V::loadf(o.bias) : V::zerof();
+      const VF bu = o.bias ? V::loadf(o.bias + kLanes) : V::zerof();
+      const VF gt = V::addf(acc[r][0], bg);
+      put(row, 0, V::mul(o.act == kSilu ? V::silu(gt) : V::gelu(gt), V::addf(acc[r][1], bu)));
       continue;
     }
     for (int c = 0; c < C; ++c) {
-      const __m512 b = o.bias ? _mm512_loadu_ps(o.bias + c * kLanes) : _mm512_setzero_ps();
-      const __m512 v = _mm512_add_ps(acc[r][c], b);
-      if (o.out_float) {
-        _mm512_storeu_ps(static_cast<float*>(o.p) + row * o.ldo + c * kLanes, v);
-      } else {
-        auto* dst = static_cast<c10::BFloat16*>(o.p) + row * o.ldo + c * kLanes;
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), (__m256i)_mm512_cvtneps_pbh(v));
-      }
+      const VF b = o.bias ? V::loadf(o.bias + c * kW) : V::zerof();
+      put(row, c * kW, V::addf(acc[r][c], b));
     }
   }
 }
 
 template <int Bits, int G, int C, int Mode>
-void rows_tile(int64_t rows, const Layout& l, int64_t b0, const QuantX& x, int64_t r0,
+void rows_tile(int64_t rows, const Layout& l, const Unit* u, const QuantX& x, int64_t r0,
                const Out& o) {
   switch (rows) {
-    case 4: return tile<Bits, G, 4, C, Mode>(l, b0, x, r0, o, r0);
-    case 3: return tile<Bits, G, 3, C, Mode>(l, b0, x, r0, o, r0);
-    case 2: return tile<Bits, G, 2, C, Mode>(l, b0, x, r0, o, r0);
-    default: return tile<Bits, G, 1, C, Mode>(l, b0, x, r0, o, r0);
+    case 4: return tile<Bits, G, 4, C, Mode>(l, u, x, r0, o);
+    case 3: return tile<Bits, G, 3, C, Mode>(l, u, x, r0, o);
+    case 2: return tile<Bits, G, 2, C, Mode>(l, u, x, r0, o);
+    default: return tile<Bits, G, 1, C, Mode>(l, u, x, r0, o);
   }
 }
 
 template <int Bits, int G, int C>
-void mode_tile(int64_t rows, const Layout& l, int64_t b0, const QuantX& x, int64_t r0,
+void mode_tile(int64_t rows, const Layout& l, const Unit* u, const QuantX& x, int64_t r0,
                const Out& o) {
-  if (x.per > 1) return rows_tile<Bits, G, C, kSpan>(rows, l, b0, x, r0, o);
-  if (l.sc_group == 0) return rows_tile<Bits, G, C, kUnit>(rows, l, b0, x, r0, o);
-  return rows_tile<Bits, G, C, kPerGroup>(rows, l, b0, x, r0, o);
+  if (x.per > 1) return rows_tile<Bits, G, C, kSpan>(rows, l, u, x, r0, o);
+  if (l.sc_group == 0) return rows_tile<Bits, G, C, kUnit>(rows, l, u, x, r0, o);
+  return rows_tile<Bits, G, C, kPerGroup>(rows, l, u, x, r0, o);
 }
 
 template <int Bits, int G>
-void run_item(int64_t rows, const Layout& l, int64_t b0, int64_t nblocks, const QuantX& x,
+void run_tile(int64_t rows, const Layout& l, const Unit* u, int64_t units, const QuantX& x,
               int64_t r0, const Out& o) {
-  if (nblocks == 2) return mode_tile<Bits, G, 2>(rows, l, b0, x, r0, o);
-  return mode_tile<Bits, G, 1>(rows, l, b0, x, r0, o);
+  if (units == 2) return mode_tile<Bits, G, 2>(rows, l, u, x, r0, o);
+  return mode_tile<Bits, G, 1>(rows, l, u, x, r0, o);
+}
+
+void run_tile(int64_t rows, const Layout& l, const Unit* u, int64_t units, const QuantX& x,
+              int64_t r0, const Out& o) {
+  if (l.bits == 4) {
+    if (l.group == 32) return run_tile<4, 32>(rows, l, u, units, x, r0, o);
+    return run_tile<4, 16>(rows, l, u, units, x, r0, o);
+  }
+  if (l.bits == 6) {
+    if (l.group == 32) return run_tile<6, 32>(rows, l, u, units, x, r0, o);
+    return run_tile<6, 16>(rows, l, u, units, x, r0, o);
+  }
+  if (l.group == 32) return run_tile<8, 32>(rows, l, u, units, x, r0, o);
+  return run_tile<8, 16>(rows, l, u, units, x, r0, o);
 }
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight,
@@ -423,38 +585,58 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight,
     TORCH_CHECK(b.numel() == l.n, "bias must be [out_features]");
   }
   const int64_t blocks = l.n / kLanes;
-  const int64_t tiles = (blocks + kCols - 1) / kCols;
+  const int64_t items = (blocks + kCols - 1) / kCols;
   const int64_t row_blocks = (rows + kRowBlock - 1) / kRowBlock;
+  constexpr int64_t kHalves = kLanes / kW;  // units per block
+  const int64_t elem = out_float ? 4 : 2;
+  // The unit of block `blk` that starts `half` vectors in.
+  auto unit = [&](int64_t blk, int64_t half) {
+    return Unit{l.q + blk * l.q_block + half * kW * 4, l.sc + blk * l.sc_block + half * kW,
+                l.sup + blk * l.sup_block + half * kW};
+  };
   auto work = [&](int64_t i, int64_t) {
-    const int64_t t = i % tiles, rb = i / tiles;
+    const int64_t t = i % items, rb = i / items;
     const int64_t b0 = t * kCols, nblocks = std::min(kCols, blocks - b0);
-    const int64_t col = b0 * kLanes;
-    const int64_t out_col = act == kNone ? col : col / 2;
-    const int64_t elem = out_float ? 4 : 2;
-    Out o{static_cast<char*>(out.data_ptr()) + out_col * elem, width, out_float,
-          b.defined() ? b.data_ptr<float>() + col : nullptr, act};
     const int64_t r1 = std::min(rows, (rb + 1) * kRowBlock);
-    for (int64_t r = rb * kRowBlock; r < r1; r += kRows) {
-      const int64_t nr = std::min(kRows, r1 - r);
-      if (l.bits == 4) {
-        if (l.group == 32) run_item<4, 32>(nr, l, b0, nblocks, qx, r, o);
-        else run_item<4, 16>(nr, l, b0, nblocks, qx, r, o);
-      } else if (l.bits == 6) {
-        if (l.group == 32) run_item<6, 32>(nr, l, b0, nblocks, qx, r, o);
-        else run_item<6, 16>(nr, l, b0, nblocks, qx, r, o);
+    // Passes of up to two units: a gated item pairs each gate unit with its up unit (the
+    // next block's, at the same offset); else each pass takes consecutive units.
+    const int64_t units = nblocks * kHalves;
+    for (int64_t pass = 0; pass < (act == kNone ? (units + 1) / 2 : kHalves); ++pass) {
+      Unit u[2];
+      int64_t n = 0, col = 0;
+      if (act == kNone) {
+        for (int64_t j = 2 * pass; j < std::min(units, 2 * pass + 2); ++j)
+          u[n++] = unit(b0 + j / kHalves, j % kHalves);
+        col = b0 * kLanes + 2 * pass * kW;
       } else {
-        if (l.group == 32) run_item<8, 32>(nr, l, b0, nblocks, qx, r, o);
-        else run_item<8, 16>(nr, l, b0, nblocks, qx, r, o);
+        u[n++] = unit(b0, pass);
+        u[n++] = unit(b0 + 1, pass);
+        col = b0 / 2 * kLanes + pass * kW;
       }
+      const int64_t in_col = act == kNone ? col : b0 * kLanes + pass * kW;
+      Out o{static_cast<char*>(out.data_ptr()) + col * elem, width, out_float,
+            b.defined() ? b.data_ptr<float>() + in_col : nullptr, act};
+      for (int64_t r = rb * kRowBlock; r < r1; r += kRows)
+        run_tile(std::min(kRows, r1 - r), l, u, n, qx, r, o);
     }
   };
-  parallel_owned(tiles * row_blocks, work);
+  parallel_owned(items * row_blocks, work);
   return out;
 }
 
 }  // namespace
 
 bool has_quant_linear() { return true; }
+
+std::string quant_isa() {
+#if INFER_QUANT_BITS == 512
+  return "avx512vnni";
+#elif defined(__AVXVNNI__)
+  return "avxvnni";
+#else
+  return "avx2";
+#endif
+}
 
 at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& weight,
                         const c10::optional<at::Tensor>& bias, bool out_float) {
@@ -466,18 +648,20 @@ at::Tensor quant_gated_linear(const at::Tensor& x, const at::Tensor& weight,
   return linear(x, weight, bias, false, gelu ? kGelu : kSilu);
 }
 
-#else  // no AVX512-VNNI: quantized weights are dequantized at load instead
+#else  // below AVX2: quantized weights are dequantized at load instead
 
 bool has_quant_linear() { return false; }
 
+std::string quant_isa() { return ""; }
+
 at::Tensor quant_linear(const at::Tensor&, const at::Tensor&, const c10::optional<at::Tensor>&,
                         bool) {
-  TORCH_CHECK(false, "this CPU has no AVX512-VNNI");
+  TORCH_CHECK(false, "this CPU has no AVX2");
 }
 
 at::Tensor quant_gated_linear(const at::Tensor&, const at::Tensor&,
                               const c10::optional<at::Tensor>&, bool) {
-  TORCH_CHECK(false, "this CPU has no AVX512-VNNI");
+  TORCH_CHECK(false, "this CPU has no AVX2");
 }
 
 #endif

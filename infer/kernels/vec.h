@@ -12,7 +12,7 @@
 #include <limits>
 #include <memory>
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -134,6 +134,43 @@ inline __m512 gelu_tanh16(__m512 x) {
 inline __m512 load_bf16(const void* p, __mmask16 mask) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(
       _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, p)), 16));
+}
+#endif
+
+#if defined(__AVX2__) && defined(__FMA__)
+// exp16, silu16 and gelu_tanh16 on 8 lanes: the same operations, so the same bits.
+inline __m256 exp8(__m256 x) {
+  const __m256 t = _mm256_mul_ps(
+      _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.f)), _mm256_set1_ps(88.f)),
+      _mm256_set1_ps(1.44269504088896341f));
+  const __m256 whole = _mm256_round_ps(_mm256_add_ps(t, _mm256_set1_ps(0.5f)),
+                                       _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  const __m256 f = _mm256_sub_ps(t, whole);
+  __m256 p = _mm256_set1_ps(0.000154035304f);
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.00133335581f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.00961812911f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.0555041087f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.240226507f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.693147182f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.f));
+  const __m256i bits = _mm256_slli_epi32(
+      _mm256_add_epi32(_mm256_cvttps_epi32(whole), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+}
+
+inline __m256 silu8(__m256 x) {
+  return _mm256_div_ps(
+      x, _mm256_add_ps(_mm256_set1_ps(1.f), exp8(_mm256_sub_ps(_mm256_setzero_ps(), x))));
+}
+
+inline __m256 gelu_tanh8(__m256 x) {
+  const __m256 x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
+  const __m256 y = _mm256_mul_ps(_mm256_set1_ps(0.7978845608028654f),
+                                 _mm256_fmadd_ps(_mm256_set1_ps(0.044715f), x3, x));
+  const __m256 e = exp8(_mm256_add_ps(y, y));
+  const __m256 t = _mm256_div_ps(_mm256_set1_ps(2.f), _mm256_add_ps(e, _mm256_set1_ps(1.f)));
+  return _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.5f), x),
+                       _mm256_sub_ps(_mm256_set1_ps(2.f), t));
 }
 #endif
 

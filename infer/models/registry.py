@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 
 import torch
@@ -17,6 +18,8 @@ from infer.models.llama import LlamaForCausalLM
 from infer.models.quant import QuantTensor
 from infer.models.qwen2 import Qwen2ForCausalLM
 from infer.models.qwen3 import Qwen3ForCausalLM
+
+log = logging.getLogger(__name__)
 
 MODEL_CLASSES: dict[str, type[CausalLM]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
@@ -65,6 +68,7 @@ def create_model(
         model = model_class(config.architecture)(config)
     params = dict(model.named_parameters())
     seen: set[str] = set()
+    warned = False
     for raw_name, tensor in weights:
         name = _canonical(raw_name)
         if name == "lm_head.weight" and config.tie_word_embeddings:
@@ -92,6 +96,13 @@ def create_model(
                 model.model.embed_tokens = QuantEmbedding(tensor, dtype)
                 seen.add(name)
                 continue
+            if not keep and not warned and str(device) == "cpu":
+                log.warning(
+                    "this CPU has no AVX2: quantized weights are dequantized to %s "
+                    "(about 3.5x the bytes read per token)",
+                    str(dtype).removeprefix("torch."),
+                )
+                warned = True
             tensor = tensor.dequantize()
         value = nn.Parameter(tensor.to(device=device, dtype=dtype), requires_grad=False)
         setattr(module, attr, value)

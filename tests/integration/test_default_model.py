@@ -103,7 +103,7 @@ def test_cache_in_float32_is_close_to_gguf(
     assert torch.equal(ours.argmax(-1), exact.argmax(-1))
 
 
-@pytest.mark.skipif(not kernels.has_quant(), reason="no AVX512-VNNI: weights are dequantized")
+@pytest.mark.skipif(not kernels.has_quant(), reason="no AVX2: weights are dequantized")
 def test_its_gguf_file_runs_with_its_q4_1_weights_kept(
     gguf_path: Path, gguf_model: LoadedModel
 ) -> None:

@@ -57,7 +57,7 @@ def test_qwen2_gguf_logits_match_transformers(
     torch.testing.assert_close(got, expected, atol=5e-3, rtol=1e-3)
 
 
-@pytest.mark.skipif(not kernels.has_quant(), reason="no AVX512-VNNI: weights are dequantized")
+@pytest.mark.skipif(not kernels.has_quant(), reason="no AVX2: weights are dequantized")
 @torch.inference_mode()
 def test_quantized_weights_agree_with_the_dequantized_model(
     gguf_path: Path, qwen_model: LoadedModel

@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from types import ModuleType
 
 import pytest
 import torch
 
 from infer import kernels
 from infer.models.layers import decode_attention_torch
+
+
+@pytest.fixture(params=kernels.runnable_isas())
+def ops(request: pytest.FixtureRequest) -> ModuleType:
+    """The kernels built for each target this CPU runs: its own, and the AVX2 ones that
+    laptops run (their attention, norms and rope take the portable paths)."""
+    return kernels.ops_for(request.param)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -28,7 +36,7 @@ from infer.models.layers import decode_attention_torch
     ],
 )
 def test_kernel_matches_reference(
-    dtype, head_dim: int, block: int, window: int, groups: int
+    ops: ModuleType, dtype, head_dim: int, block: int, window: int, groups: int
 ) -> None:
     """Every query-head grouping (GQA 1, 3, 4, 5, 8) and head size, with and without windows."""
     gen = torch.Generator().manual_seed(head_dim + block + window + groups)
@@ -42,7 +50,7 @@ def test_kernel_matches_reference(
     tables = torch.randperm(pool, generator=gen)[: n * max_blocks].view(n, max_blocks)
     tables = tables.to(torch.int32).contiguous()
     q = torch.randn(n, kv * groups, head_dim, generator=gen).to(dtype)
-    got = kernels.ops().paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.3, window)
+    got = ops.paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.3, window)
     want = decode_attention_torch(
         q.float(), k_cache.float(), v_cache.float(), tables, lens, 0.3, window
     )
@@ -52,7 +60,7 @@ def test_kernel_matches_reference(
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("window", [0, 5])
-def test_stale_cache_entries_never_reach_an_output(dtype, window: int) -> None:
+def test_stale_cache_entries_never_reach_an_output(ops: ModuleType, dtype, window: int) -> None:
     """Positions of a sequence's blocks it does not attend (past its length, before its
     window) may hold another sequence's leftovers, even NaN: its output is unchanged."""
     gen = torch.Generator().manual_seed(window)
@@ -62,7 +70,7 @@ def test_stale_cache_entries_never_reach_an_output(dtype, window: int) -> None:
     k_cache = torch.randn(n * 3, kv, dim // 2, block, 2, generator=gen).to(dtype)
     v_cache = torch.randn(n * 3, kv, block // 2, dim, 2, generator=gen).to(dtype)
     q = torch.randn(n, kv * groups, dim, generator=gen).to(dtype)
-    want = kernels.ops().paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.125, window)
+    want = ops.paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.125, window)
     stale_k, stale_v = k_cache.clone(), v_cache.clone()
     for seq, length in enumerate(lens.tolist()):
         first = max(0, length - window) if window else 0
@@ -70,18 +78,18 @@ def test_stale_cache_entries_never_reach_an_output(dtype, window: int) -> None:
             b, off = tables[seq, pos // block], pos % block
             stale_k[b, :, :, off] = float("nan")
             stale_v[b, :, off // 2, :, off % 2] = float("nan")
-    got = kernels.ops().paged_decode_attention(q, stale_k, stale_v, tables, lens, 0.125, window)
+    got = ops.paged_decode_attention(q, stale_k, stale_v, tables, lens, 0.125, window)
     assert torch.equal(got, want)
 
 
-def test_kernel_refuses_mismatched_shapes() -> None:
+def test_kernel_refuses_mismatched_shapes(ops: ModuleType) -> None:
     q = torch.randn(2, 6, 16)
     k = torch.randn(4, 3, 8, 4, 2)
     v = torch.randn(4, 3, 2, 32, 2)  # head dim differs from q's
     tables = torch.zeros(2, 1, dtype=torch.int32)
     lens = torch.ones(2, dtype=torch.int32)
     with pytest.raises(RuntimeError, match="head dims differ|must be"):
-        kernels.ops().paged_decode_attention(q, k, v, tables, lens, 1.0, 0)
+        ops.paged_decode_attention(q, k, v, tables, lens, 1.0, 0)
 
 
 needs_bf16 = pytest.mark.skipif(not kernels.has_bf16(), reason="this CPU has no AVX512-BF16")
@@ -256,7 +264,7 @@ def test_paged_prefill_attention_matches_reference(
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("offset", [0.0, 1.0])
-def test_norm_kernels_match_torch(dtype, offset: float) -> None:
+def test_norm_kernels_match_torch(ops: ModuleType, dtype, offset: float) -> None:
     from infer.models.layers import RMSNorm
 
     gen = torch.Generator().manual_seed(int(offset))
@@ -267,7 +275,7 @@ def test_norm_kernels_match_torch(dtype, offset: float) -> None:
     residual = torch.randn(5, 96, generator=gen).to(dtype)
     want = norm(x.transpose(0, 1).contiguous().transpose(0, 1))  # strided: the torch path
     tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
-    torch.testing.assert_close(kernels.ops().rms_norm(x, norm.weight, 1e-6, offset), want, **tol)
+    torch.testing.assert_close(ops.rms_norm(x, norm.weight, 1e-6, offset), want, **tol)
     summed = residual + x
     normed, new_residual = norm.add_forward(x.clone(), residual.clone())
     assert torch.equal(new_residual, summed)
@@ -278,17 +286,17 @@ def test_norm_kernels_match_torch(dtype, offset: float) -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("gelu", [False, True])
-def test_gated_activation_matches_torch(dtype, gelu: bool) -> None:
+def test_gated_activation_matches_torch(ops: ModuleType, dtype, gelu: bool) -> None:
     x = torch.randn(7, 2 * 83, generator=torch.Generator().manual_seed(1)).to(dtype) * 4
     gate, up = x.float().chunk(2, dim=-1)
     f = torch.nn.functional
     act = f.gelu(gate, approximate="tanh") if gelu else f.silu(gate)
     tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=3e-2, rtol=1e-2)
-    torch.testing.assert_close(kernels.ops().gated_activation(x, gelu).float(), act * up, **tol)
+    torch.testing.assert_close(ops.gated_activation(x, gelu).float(), act * up, **tol)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_rope_and_cache_rotates_and_stores(dtype) -> None:
+def test_rope_and_cache_rotates_and_stores(ops: ModuleType, dtype) -> None:
     """q and k heads rotated in place like apply_rope; k and v land in their slots; -1 skips."""
     from infer.models.layers import apply_rope
 
@@ -302,7 +310,7 @@ def test_rope_and_cache_rotates_and_stores(dtype) -> None:
     v_cache = torch.zeros(5, kv, block // 2, dim, 2, dtype=dtype)
     slots = torch.tensor([4, 5, 6, 17, -1, 0])
     before = qkv.view(n, -1, dim).float().clone()
-    kernels.ops().rope_and_cache(qkv, freqs.cos(), freqs.sin(), heads, kv, k_cache, v_cache, slots)
+    ops.rope_and_cache(qkv, freqs.cos(), freqs.sin(), heads, kv, k_cache, v_cache, slots)
     cos = torch.cat((freqs.cos(), freqs.cos()), -1)[:, None]
     sin = torch.cat((-freqs.sin(), freqs.sin()), -1)[:, None]
     rotated = apply_rope(before[:, : heads + kv], cos, sin)
@@ -322,7 +330,7 @@ def test_rope_and_cache_rotates_and_stores(dtype) -> None:
 
 
 @pytest.mark.parametrize("width", [1, 15, 16, 17, 49152])
-def test_argmax_rows_matches_torch(width: int) -> None:
+def test_argmax_rows_matches_torch(ops: ModuleType, width: int) -> None:
     g = torch.Generator().manual_seed(width)
     x = torch.randn(9, width, generator=g)
     x[1] = 0.5  # all tied: the first index
@@ -332,6 +340,6 @@ def test_argmax_rows_matches_torch(width: int) -> None:
     x[5, width // 3] = x[5].max() + 1
     x[5, -1] = x[5, width // 3]  # a tie far apart
     for rows in (x, torch.cat([x, x], dim=1)[:, :width]):  # contiguous, then strided rows
-        assert torch.equal(kernels.ops().argmax_rows(rows), torch.argmax(rows, dim=-1))
+        assert torch.equal(ops.argmax_rows(rows), torch.argmax(rows, dim=-1))
     with pytest.raises(RuntimeError, match="float32"):
-        kernels.ops().argmax_rows(x.double())
+        ops.argmax_rows(x.double())

@@ -204,7 +204,7 @@ def test_eos_ids_merge_generation_config(tmp_path: Path, llama_dir: RefDir) -> N
     assert load_model(str(tmp_path), dtype=torch.float32).eos_token_ids == [7, 3]
 
 
-@pytest.mark.skipif(not kernels.has_quant(), reason="no AVX512-VNNI: weights stay dense")
+@pytest.mark.skipif(not kernels.has_quant(), reason="no AVX2: weights stay dense")
 @pytest.mark.parametrize(("weights", "tol"), [("int8", 0.02), ("int4", 0.25)])
 def test_weights_quantized_at_load(llama_dir: RefDir, weights: str, tol: float) -> None:
     ref, path = llama_dir

@@ -14,9 +14,10 @@ from infer import kernels
 from infer.models import quant
 from infer.models.quant import QuantTensor
 
-needs_vnni = pytest.mark.skipif(
-    not kernels.has_quant(), reason="no AVX512-VNNI here: quantized weights are dequantized"
-)
+# Every kernel target this CPU can run (its own, and the AVX2 ones for laptops): each must
+# compute the same product, bit for bit the same. `make` builds them all.
+TARGETS = [t for t in kernels.runnable_isas() if kernels.ops_for(t).has_quant_linear()]
+each_target = pytest.mark.parametrize("target", TARGETS)
 
 # Bytes per block, and where each block's float16 scales sit (offsets of d, and dmin).
 _K_TYPES = {QT.Q4_K: (144, (0, 2)), QT.Q5_K: (176, (0, 2)), QT.Q6_K: (210, (208,))}
@@ -137,19 +138,43 @@ def _weights() -> list[QuantTensor]:
     return out
 
 
-@needs_vnni
+@each_target
 @pytest.mark.parametrize("index", range(7))
-def test_quant_linear_computes_the_quantized_product(index: int) -> None:
+def test_quant_linear_computes_the_quantized_product(target: str, index: int) -> None:
     w = _weights()[index]
     packed = quant.pack(w)
     x = torch.randn(7, 512).bfloat16()
     bias = torch.randn(96)
-    out = kernels.ops().quant_linear(x, packed, bias, True)
+    out = kernels.ops_for(target).quant_linear(x, packed, bias, True)
     expected = _reference(x, w) + bias
     torch.testing.assert_close(out, expected, atol=2e-3 * expected.abs().max().item(), rtol=0)
     # and close to the dense product: the int8 activations cost well under 1%
     dense = x.float() @ w.dequantize().T + bias
     assert (out - dense).abs().max() < 0.02 * dense.abs().max()
+
+
+def test_every_target_gives_the_same_bits() -> None:
+    """A laptop's AVX2 kernels and this CPU's own compute each column with the same
+    operations in the same order: outputs (float and bf16, plain and gated) are identical."""
+    assert "avx2" in TARGETS or "avx2" not in kernels.runnable_isas()
+    rng = np.random.default_rng(4)
+    gate, up = (quant.from_gguf(QT.Q4_K, _blocks(QT.Q4_K, 64, 512, rng), (64, 512)) for _ in "gu")
+    both = quant.concat([gate, up])  # type: ignore[list-item]
+    assert both is not None
+    order = torch.arange(128).view(2, -1, 16).transpose(0, 1).reshape(-1)
+    gated = quant.pack(quant.rows(both, order))
+    weights = [quant.pack(w) for w in _weights()]
+    x, bias = torch.randn(70, 512).bfloat16(), torch.randn(96)
+
+    def outputs(target: str) -> list[torch.Tensor]:
+        ops = kernels.ops_for(target)
+        plain = [ops.quant_linear(x, w, bias, True) for w in weights]
+        plain += [ops.quant_linear(x[:3], w, None, False) for w in weights]
+        return plain + [ops.quant_gated_linear(x[:5], gated, None, gelu) for gelu in (0, 1)]
+
+    first = outputs(TARGETS[0])
+    for target in TARGETS[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(first, outputs(target), strict=True))
 
 
 @pytest.mark.parametrize(
@@ -167,19 +192,20 @@ def test_scales_that_repeat_are_not_stored(qtype: QT, stored: int) -> None:
     assert quant.pack(kept).numel() <= both - n * k // kept.group * stored + 128
 
 
-@needs_vnni
-def test_a_rows_output_does_not_depend_on_the_other_rows() -> None:
+@each_target
+def test_a_rows_output_does_not_depend_on_the_other_rows(target: str) -> None:
+    ops = kernels.ops_for(target)
     for w in _weights():
         packed = quant.pack(w)
         x = torch.randn(70, 512).bfloat16()
-        together = kernels.ops().quant_linear(x, packed, None, True)
+        together = ops.quant_linear(x, packed, None, True)
         for r in (0, 5, 69):
-            alone = kernels.ops().quant_linear(x[r : r + 1], packed, None, True)
+            alone = ops.quant_linear(x[r : r + 1], packed, None, True)
             assert torch.equal(alone[0], together[r])
 
 
-@needs_vnni
-def test_gated_quant_linear_is_act_gate_times_up() -> None:
+@each_target
+def test_gated_quant_linear_is_act_gate_times_up(target: str) -> None:
     rng = np.random.default_rng(2)
     gate, up = (quant.from_gguf(QT.Q4_K, _blocks(QT.Q4_K, 64, 512, rng), (64, 512)) for _ in "gu")
     assert gate is not None and up is not None
@@ -189,7 +215,7 @@ def test_gated_quant_linear_is_act_gate_times_up() -> None:
     packed = quant.pack(quant.rows(both, order))
     x = torch.randn(5, 512).bfloat16()
     for gelu, act in ((False, torch.nn.functional.silu), (True, None)):
-        out = kernels.ops().quant_gated_linear(x, packed, None, gelu).float()
+        out = kernels.ops_for(target).quant_gated_linear(x, packed, None, gelu).float()
         g, u = _reference(x, gate), _reference(x, up)
         g = act(g) if act else torch.nn.functional.gelu(g, approximate="tanh")
         expected = g * u
