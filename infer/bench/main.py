@@ -20,12 +20,14 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from infer.bench.baselines import forward_step_ms
+from infer.bench import bandwidth
+from infer.bench.baselines import forward_step_ms, gguf_file
 from infer.bench.metrics import summarize
-from infer.bench.report import Report, Run, goals_table, tables, write_report
+from infer.bench.report import Report, Run, bandwidth_table, goals_table, tables, write_report
 from infer.bench.servers import ServerError
 from infer.bench.systems import (
     DEFAULT_SYSTEMS,
+    LLAMA_AVX2,
     LLAMA_DRAFT_FLAGS,
     LLAMA_NGRAM_FLAGS,
     LLAMA_SPECULATIVE,
@@ -36,6 +38,7 @@ from infer.bench.systems import (
     Unavailable,
     llama_variants,
     open_system,
+    reads_gguf,
     warm_up,
 )
 from infer.bench.workloads import (
@@ -47,11 +50,19 @@ from infer.bench.workloads import (
     build_workloads,
 )
 from infer.engine.config import DTYPES
+from infer.models.errors import LoadError
 from infer.models.loader import load_model
 
 WORKLOADS = WORKLOAD_NAMES
 # Not being able to measure these is expected on many machines; it does not fail the run.
-OPTIONAL_SYSTEMS = frozenset({"hf", "hf-batched", "llama.cpp", *LLAMA_SPECULATIVE, "vllm"})
+OPTIONAL_SYSTEMS = frozenset(
+    {"hf", "hf-batched", "llama.cpp", LLAMA_AVX2, *LLAMA_SPECULATIVE, "vllm"}
+)
+DEFAULT_BYTES_NOTE = (
+    "infer serves the default model from its bf16 copy (converted once from the file), which "
+    "reads more bytes a step than the file holds: infer's share of the probe is understated."
+)
+SMOKE_PROBE_BYTES = 64 << 20  # smoke checks the pipeline: a buffer the cache may hold
 PEER = "vllm"  # the system every run is also compared with, when it was measured
 TOKEN_COUNT_NOTE = (
     "Output tokens: the count each server reports in its final usage (infer's `done` event, "
@@ -229,6 +240,11 @@ def run_bench(args: argparse.Namespace) -> int:
     # Measured before and after everything else; other load only ever adds time, so the
     # smaller of the two is the better estimate of the step itself.
     samples = [forward_step_ms(loaded, context)]
+    probe_bytes = SMOKE_PROBE_BYTES if args.scale == "smoke" else bandwidth.probe_bytes()
+    threads = args.threads or torch.get_num_threads()
+    meta["bandwidth"] = bandwidth.measure(_gguf(args.model), threads, probe_bytes)
+    if args.model == "default":
+        meta["bandwidth"]["notes"] = [DEFAULT_BYTES_NOTE]
     runs: list[Run] = []
     unavailable: list[dict[str, str]] = []
     for system in systems:
@@ -247,6 +263,7 @@ def run_bench(args: argparse.Namespace) -> int:
     if any(_speculated(r) for r in runs):
         meta["notes"].append(BURSTS_NOTE)
     add_ratios(runs)
+    bandwidth.add_shares(runs, meta["bandwidth"], reads_gguf)
     report: Report = {
         "meta": meta,
         "workloads": _describe(workloads),
@@ -257,6 +274,7 @@ def run_bench(args: argparse.Namespace) -> int:
     out_dir = args.out if args.out is not None else default_results_dir()
     paths = write_report(report, out_dir, report_stem(meta))
     print(tables(report))
+    print(bandwidth_table(report))
     print(goals_table(report))
     for u in unavailable:
         print(f"not measured: {u['system']}: {u['reason']}")
@@ -491,6 +509,14 @@ def _meta(args: argparse.Namespace, model_name: str) -> dict[str, Any]:
         "api": args.api if args.url else None,
         "command": shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]),
     }
+
+
+def _gguf(model: str) -> Path | None:
+    """The GGUF file the systems load for ``model`` (``None``: not a GGUF model)."""
+    try:
+        return gguf_file(model)
+    except LoadError:
+        return None
 
 
 def _version(package: str) -> str | None:

@@ -4,8 +4,9 @@ A report is a plain dict (see :func:`infer.bench.main.run_bench`): ``meta``, ``w
 ``runs`` (one per system × workload × concurrency, each with its ``metrics``,
 ``ratio_vs_sequential`` and, when vLLM was measured, ``ratio_vs_vllm``: output tok/s and TTFT
 p95 over vLLM's on the same load; an infer server's runs have ``drafts``: the draft tokens it
-verified over the workload and how many it accepted), ``unavailable`` systems with the reason,
-and ``goals``.
+verified over the workload and how many it accepted; W1 runs of infer and llama.cpp have
+``bandwidth``: bytes per token ÷ ITL p50 in GB/s and as a share of the read probe, whose result
+is ``meta.bandwidth``), ``unavailable`` systems with the reason, and ``goals``.
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ def markdown(report: Report) -> str:
         *[f"- {note}" for note in meta.get("notes", [])],
         "",
         tables(report),
+        bandwidth_table(report),
         goals_table(report),
         *_unavailable(report.get("unavailable", [])),
         "## Charts",
@@ -184,6 +186,52 @@ def _sweep_table(workload: dict[str, Any], runs: list[Run], with_vllm: bool = Fa
             )
         out.append(f"| {_system(mine[0])} | " + " | ".join(cells) + " |")
     return [*out, ""]
+
+
+def bandwidth_table(report: Report) -> str:
+    """The read probe, the bytes a decode step reads, and each W1 run's bytes per token over
+    its ITL p50 as a share of the probe (infer's and llama.cpp's systems)."""
+    bw = report["meta"].get("bandwidth")
+    if not bw:
+        return ""
+    out = ["## Memory bandwidth", ""]
+    probe = bw.get("probe")
+    if probe:
+        llc = bw.get("llc_bytes")
+        cache = (
+            f" ({probe['bytes'] / llc:.0f}× the {llc / 1e6:.0f} MB last-level cache)" if llc else ""
+        )
+        out.append(
+            f"Read probe (`bench/membw.cpp`): **{probe['gb_s']:.1f} GB/s**, {probe['threads']} "
+            f"threads over {probe['bytes'] / 1e9:.2f} GB{cache}, best of {probe['passes']} "
+            f"passes, on {bw.get('cpu') or 'a CPU lscpu does not name'}."
+        )
+    else:
+        out.append(f"Read probe: not measured ({bw.get('probe_error')}).")
+    if bw.get("bytes_per_token"):
+        out.append(
+            f"A decode step reads {bw['bytes_per_token'] / 1e6:.1f} MB of `{bw['gguf']}`: every "
+            "tensor but the token embeddings, of which one row (all of them when they are the "
+            "output head too); the same count for infer and llama.cpp."
+        )
+    else:
+        out.append("No GGUF file: the bytes a decode step reads were not counted.")
+    out += bw.get("notes", [])
+    rows = [r for r in report["runs"] if "bandwidth" in r]
+    if rows:
+        out += [
+            "",
+            "| system | W1 ITL p50 ms | GB/s read (bytes per token ÷ ITL p50) | of the probe |",
+            "|---|---|---|---|",
+        ]
+        for run in rows:
+            share = run["bandwidth"].get("of_probe")
+            out.append(
+                f"| {run['system']} | {_num(run['metrics']['itl_ms']['p50'])} "
+                f"| {_num(run['bandwidth'].get('gb_s'))} "
+                f"| {'–' if share is None else f'{share:.0%}'} |"
+            )
+    return "\n".join([*out, ""])
 
 
 def goals_table(report: Report) -> str:

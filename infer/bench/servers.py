@@ -74,13 +74,19 @@ def infer_command(
     return serve_command("127.0.0.1", port, model, dtype, flags)
 
 
-def default_llama_server() -> Path:
+def default_llama_server(avx2: bool = False) -> Path:
     """llama.cpp's ``llama-server``: ``$INFER_BENCH_LLAMA_SERVER``, else ``.peers/llama-server``
-    of this checkout (``make peers`` builds it there)."""
-    configured = os.environ.get("INFER_BENCH_LLAMA_SERVER")
+    of this checkout (``make peers`` builds it there); with ``avx2``, its build for AVX2 alone:
+    ``$INFER_BENCH_LLAMA_SERVER_AVX2``, else ``.peers/llama-avx2/llama-server``."""
+    variable, path = (
+        ("INFER_BENCH_LLAMA_SERVER_AVX2", "llama-avx2/llama-server")
+        if avx2
+        else ("INFER_BENCH_LLAMA_SERVER", "llama-server")
+    )
+    configured = os.environ.get(variable)
     if configured:
         return Path(configured).expanduser()
-    return Path(__file__).resolve().parents[2] / ".peers" / "llama-server"
+    return Path(__file__).resolve().parents[2] / ".peers" / path
 
 
 def llama_server_command(

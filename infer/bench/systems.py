@@ -8,7 +8,8 @@ Speculative decoding: infer drafts by default (from each request's own tokens);
 ``infer-nospec`` turns it off, ``infer-prediction`` also sends each request's ``prediction``.
 llama.cpp's peers are ``llama.cpp-ngram`` (its n-gram drafts, in a setting of llama-server
 flags chosen per run) and ``llama.cpp-draft`` (the 0.5B model drafting for the 1.5B). An infer
-server's draft counters (``/metrics``) are read around every workload.
+server's draft counters (``/metrics``) are read around every workload. ``llama.cpp-avx2`` is
+llama-server built for AVX2 alone (no AVX-512, VNNI or AMX), as most x86 machines run it.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ SYSTEMS = (
     "infer-prediction",
     "infer-draft",
     "llama.cpp",
+    "llama.cpp-avx2",
     "llama.cpp-ngram",
     "llama.cpp-draft",
     "vllm",
@@ -63,7 +65,14 @@ SYSTEMS = (
 # Measured only when asked for (what `infer bench` measures when no systems are named is
 # the rest).
 OPT_IN_SYSTEMS = frozenset(
-    {"infer-nospec", "infer-prediction", "infer-draft", "llama.cpp-ngram", "llama.cpp-draft"}
+    {
+        "infer-nospec",
+        "infer-prediction",
+        "infer-draft",
+        "llama.cpp-avx2",
+        "llama.cpp-ngram",
+        "llama.cpp-draft",
+    }
 )
 DEFAULT_SYSTEMS = tuple(s for s in SYSTEMS if s not in OPT_IN_SYSTEMS)
 # infer's servers: the batching mode, and extra `infer serve` arguments.
@@ -84,6 +93,7 @@ LLAMA_NGRAM_FLAGS = "--spec-type ngram-map-k --spec-draft-n-max 16"
 LLAMA_DRAFT_FLAGS = "--spec-type draft-simple --spec-draft-n-max 16"
 LLAMA_TARGET = "qwen2.5-coder-1.5b"  # the model llama.cpp-draft speeds up
 LLAMA_DRAFTER = "qwen2.5-coder-0.5b"  # its draft model
+LLAMA_AVX2 = "llama.cpp-avx2"  # llama-server built for AVX2 alone (.peers/llama-avx2)
 URL_SYSTEM = "url"  # the server at --url
 SERIAL = frozenset({"sequential", "hf"})  # one request at a time, whatever the concurrency
 LLAMA_CPP_CTX = 2048  # tokens per slot (more when a request needs more; fewer slots then)
@@ -169,8 +179,8 @@ def open_system(name: str, settings: Settings) -> Iterator[Measure]:
         with running_server(command, url, "/health") as server:
             settings.startup_s[name] = round(server.startup_s, 1)
             yield _http(target, settings, name, server, drafts=True)
-    elif name == "llama.cpp":
-        with _llama_cpp(settings) as measure:
+    elif name in ("llama.cpp", LLAMA_AVX2):
+        with _llama_cpp(settings, name) as measure:
             yield measure
     elif name in settings.llama_flags:
         with _llama_cpp(settings, name, settings.llama_flags[name]) as measure:
@@ -204,16 +214,19 @@ def _hf(name: str, settings: Settings) -> Iterator[Measure]:
 def _llama_cpp(settings: Settings, name: str = "llama.cpp", flags: str = "") -> Iterator[Measure]:
     """llama.cpp's ``llama-server`` on the same GGUF file, with token-id prompts and
     ``ignore_eos`` like infer; ``flags`` are added to its command line (speculative decoding),
-    and a ``llama.cpp-draft`` system gets the draft model too.
+    a ``llama.cpp-draft`` system gets the draft model too, and ``llama.cpp-avx2`` is the
+    build for AVX2 alone.
 
     Each slot takes the run's longest request: past :data:`LLAMA_CPP_CTX` tokens, the slots
     are fewer (their total stays that of :data:`LLAMA_CPP_SLOTS` slots), and a note says so.
     """
-    binary = default_llama_server()
+    avx2 = name == LLAMA_AVX2
+    binary = default_llama_server(avx2)
     if not binary.is_file():
+        variable = "INFER_BENCH_LLAMA_SERVER" + ("_AVX2" if avx2 else "")
         raise Unavailable(
             f"llama-server is not built in {binary} (`make peers` builds it; or point "
-            "INFER_BENCH_LLAMA_SERVER at one)"
+            f"{variable} at one)"
         )
     gguf = _gguf_file(settings.model)
     extra = shlex.split(flags)
@@ -239,11 +252,17 @@ def _llama_cpp(settings: Settings, name: str = "llama.cpp", flags: str = "") -> 
     )
     with running_server(command, url, "/health", timeout_s=VLLM_STARTUP_TIMEOUT_S) as server:
         settings.startup_s[name] = round(server.startup_s, 1)
-        if flags or name != "llama.cpp":
-            note = f"{name}: llama-server with `{shlex.join(extra)}`"
-            if note not in settings.notes:
-                settings.notes.append(note)
+        built = f"built for AVX2, FMA and F16C alone ({binary.parent})" if avx2 else ""
+        about = f"with `{shlex.join(extra)}`" if extra else built
+        if about and f"{name}: llama-server {about}" not in settings.notes:
+            settings.notes.append(f"{name}: llama-server {about}")
         yield _http(target, settings, name, server)
+
+
+def reads_gguf(name: str) -> bool:
+    """Whether a system decodes from the GGUF file's own weights (infer's and llama.cpp's),
+    not from a dense copy of them (transformers', vLLM's)."""
+    return name in INFER_SERVERS or name in ("sequential", URL_SYSTEM) or name.startswith("llama")
 
 
 def _draft_gguf(gguf: Path) -> Path:

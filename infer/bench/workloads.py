@@ -16,7 +16,9 @@ file is what OpenAI's Predicted Outputs would send as the ``prediction``), ``age
 system prompt of tool schemas and a repository map, then conversations of four turns, each
 turn's prompt extending the one before) and ``prose`` (W1 again, where speculative decoding
 has nothing to copy). Their prompts begin with a salt drawn from the seed, so that no two
-requests share a first KV block unless they are turns of one conversation.
+requests share a first KV block unless they are turns of one conversation. ``long`` (one
+request, an ~8k-token prompt of standard-library source, salted too) measures a long
+prefill's TTFT.
 """
 
 from __future__ import annotations
@@ -100,6 +102,7 @@ WORKLOAD_NAMES = (
     "edit",
     "agent",
     "prose",
+    "long",
 )
 # What `infer bench` runs when no workloads are named: the coding-agent loads are asked for.
 DEFAULT_WORKLOADS = ("w1", "w2", "w2serial", "chat64", "prefix", "sweep")
@@ -166,6 +169,7 @@ EDIT_INSTRUCTIONS = (
     "Add a docstring to every function that lacks one.",
 )
 RENAME_SUFFIXES = ("impl", "v2", "legacy", "helper", "internal")
+LONG_QUESTION = "Which of these modules would you refactor first, and why? Answer in two sentences."
 # The agent load's repository maps come from these packages (each has a few hundred
 # top-level definitions and methods), the chosen one first, the next ones after it as needed.
 AGENT_PACKAGES = ("email", "http", "asyncio", "logging", "urllib", "importlib", "xml", "unittest")
@@ -366,9 +370,10 @@ class Scale:
     ``chat_*`` size the chat-sized load (all requests in flight at once; prompts counted in
     words of the source text), ``prefix_*`` the shared-prefix load (``prefix_len`` tokens
     shared, then a short question; ``prefix_concurrency`` requests in flight), ``edit_*`` the
-    file-editing load (``edit_new`` tokens of the answer, ``edit_concurrency`` in flight) and
+    file-editing load (``edit_new`` tokens of the answer, ``edit_concurrency`` in flight),
     ``agent_*`` the agent's conversations (a system prompt of about ``agent_system`` tokens,
-    four turns of ``agent_new`` new tokens each, one request at a time).
+    four turns of ``agent_new`` new tokens each, one request at a time) and ``long_*`` the
+    long prompt's one request (about ``long_prompt`` tokens, ``long_new`` new ones).
     """
 
     w1_prompt: int
@@ -393,6 +398,8 @@ class Scale:
     agent_conversations: int = 2
     agent_system: int = 6000
     agent_new: int = 128
+    long_prompt: int = 8000
+    long_new: int = 16
 
 
 # full: W1, W2, chat64 and prefix at their specified sizes; the sweep's 64
@@ -444,6 +451,8 @@ SCALE_SIZES = {
         agent_conversations=1,
         agent_system=1200,
         agent_new=4,
+        long_prompt=400,
+        long_new=4,
     ),
 }
 
@@ -856,6 +865,39 @@ def prose(w1: Workload) -> Workload:
     return Workload("prose", description, w1.requests, 1)
 
 
+def long(tokenizer: Tokenizer, tokens: int, new_tokens: int, seed: int) -> Workload:
+    """long: one request of about ``tokens`` prompt tokens (the edit load's standard-library
+    files in a seeded order, cut at a whole line, then a short question) and ``new_tokens``
+    new ones: the TTFT of a long prefill."""
+    rng = random.Random(f"long/{seed}")
+    files = list(edit_sources())
+    rng.shuffle(files)
+    salt = _salt(rng)
+
+    def prompt(body: str) -> tuple[int, ...]:
+        user = f"Here are some Python modules.\n\n{body}\n{LONG_QUESTION}"
+        messages = [{"role": "system", "content": f"{salt} {EDIT_SYSTEM}"}]
+        return chat_prompt(tokenizer, [*messages, {"role": "user", "content": user}])
+
+    lines = [line for path, text in files for line in (f"# {path}", *text.splitlines(), "")]
+
+    def size(n: int) -> int:
+        return len(prompt("".join(line + "\n" for line in lines[:n])))
+
+    # The most lines that keep the prompt within `tokens` (its size grows with every line).
+    low, high = 0, len(lines)
+    while low < high:
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if size(mid) <= tokens else (low, mid - 1)
+    lines = lines[:low]
+    ids = prompt("".join(line + "\n" for line in lines))
+    description = (
+        f"1 request, a {len(ids)}-token prompt (standard-library modules and a question), "
+        f"{new_tokens} new tokens: its TTFT is the long prefill's"
+    )
+    return Workload("long", description, (BenchRequest(ids, new_tokens),), 1)
+
+
 def build_workloads(
     tokenizer: Tokenizer,
     names: Sequence[str],
@@ -903,5 +945,6 @@ def build_workloads(
         "edit": [edit(tokenizer, s.edit_requests, s.edit_new, s.edit_concurrency, seed)],
         "agent": [agent(tokenizer, s.agent_conversations, s.agent_system, s.agent_new, seed)],
         "prose": [prose(w1)],
+        "long": [long(tokenizer, s.long_prompt, s.long_new, seed)],
     }
     return [w for name in WORKLOAD_NAMES if name in names for w in built[name]]

@@ -2,8 +2,9 @@
 
 It loads the real default model, starts real servers (static and continuous batching, and
 continuous without prefix caching) as subprocesses, and measures a couple of tiny requests per
-workload, the chat-sized, one-at-a-time and shared-prefix loads included (vLLM is not needed).
-The coding-agent loads (edit, agent, prose) run against an app at ``--url``, with predictions.
+workload, the chat-sized, one-at-a-time and shared-prefix loads included (vLLM is not needed),
+and the memory-read probe on a small buffer. The coding-agent loads (edit, agent, prose) and
+the long prompt run against an app at ``--url``, with predictions.
 It checks what the report holds, never how fast anything was: timings on a shared 2-core
 machine are noise.
 """
@@ -19,9 +20,13 @@ import trio
 from quart import request
 
 from infer import cli
+from infer.bench.bandwidth import decode_bytes
+from infer.bench.main import SMOKE_PROBE_BYTES
 from infer.bench.metrics import LATENCY_METRICS
 from infer.bench.workloads import SCALE_SIZES, edit_sources
 from infer.models.default import default_gguf_path
+from infer.models.gguf_file import GGUFFile
+from infer.models.packaged import assemble
 from support.server import running_server
 
 pytestmark = pytest.mark.slow
@@ -30,6 +35,7 @@ SYSTEMS = ["sequential", "hf-batched", "infer-static", "infer-continuous", "infe
 WORKLOADS = ["W1", "W2", "W2-serial", "chat64", "prefix"]  # and the sweep
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 MAX_PNG_BYTES = 200_000  # small enough to commit
+CODING_LOADS = ["edit", "agent", "prose", "long"]  # measured at --url
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +59,16 @@ def report_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _report(out: Path) -> dict[str, Any]:
     (path,) = out.glob("*.json")
     return json.loads(path.read_text())
+
+
+def _markdown(out: Path, report: dict[str, Any]) -> str:
+    return (out / report["files"]["md"]).read_text()
+
+
+def _bench_url(url: str, out: Path, workloads: str, *more: str) -> int:
+    """``infer bench`` at smoke scale on the server at ``url`` alone (system ``url``)."""
+    argv = ["bench", "--scale", "smoke", "--systems", "url", "--workloads", workloads]
+    return cli.main([*argv, "--url", url, "--out", str(out), "--no-progress", *more])
 
 
 def test_files_are_written(report_dir: Path) -> None:
@@ -99,17 +115,47 @@ def test_meta_goals_and_markdown(report_dir: Path) -> None:
     assert meta["forward_step_ms"] > 0
     assert [g["value"] is not None for g in report["goals"]] == [True, True, True]
     assert set(meta["startup_s"]) == {"infer-static", "infer-continuous", "infer-noprefix"}
-    md = (report_dir / report["files"]["md"]).read_text()
+    md = _markdown(report_dir, report)
     assert "vLLM" not in md
     for text in (
         *(f"## {w}:" for w in WORKLOADS),
         "## Concurrency sweep",
+        "## Memory bandwidth",
         "## Goals",
         *SYSTEMS,
         report["files"]["throughput"],
         report["files"]["latency"],
     ):
         assert text in md
+
+
+def test_w1_bandwidth_against_the_probe(report_dir: Path) -> None:
+    """The read probe ran (on smoke's small buffer) with the servers' thread count; a decode
+    step reads the whole default GGUF file's tensors (its embeddings are its head too); each
+    W1 run of infer's systems has its share of the probe, transformers' has none."""
+    report = _report(report_dir)
+    meta = report["meta"]
+    bandwidth = meta["bandwidth"]
+    probe = bandwidth["probe"]
+    assert probe["gb_s"] > 0 and probe["threads"] == meta["torch_threads"]
+    assert probe["bytes"] == SMOKE_PROBE_BYTES
+    tensors = GGUFFile(default_gguf_path()).tensors
+    assert bandwidth["bytes_per_token"] == sum(t.data.nbytes for t in tensors)
+    shares = {r["system"]: r.get("bandwidth") for r in report["runs"] if r["workload"] == "W1"}
+    assert shares.pop("hf-batched") is None
+    assert set(shares) == set(SYSTEMS) - {"hf-batched"}
+    for share in shares.values():
+        assert share["gb_s"] > 0 and share["of_probe"] > 0
+
+
+def test_decode_bytes_read_one_embedding_row_beside_a_head() -> None:
+    """A file with its own output head (Qwen2.5-Coder-0.5B's): every tensor but the token
+    embeddings, and one row of those."""
+    tensors = {t.name: t.data for t in GGUFFile(assemble("qwen2.5-coder-0.5b")).tensors}
+    embeddings = tensors.pop("token_embd.weight")
+    assert "output.weight" in tensors
+    rest = sum(t.nbytes for t in tensors.values())
+    assert decode_bytes(assemble("qwen2.5-coder-0.5b")) == rest + embeddings[0].nbytes
 
 
 async def test_sampled_load_reaches_the_server(tmp_path: Path, real_app) -> None:
@@ -120,33 +166,16 @@ async def test_sampled_load_reaches_the_server(tmp_path: Path, real_app) -> None
     Measured at ``--url`` (the report's infer servers above are the ones bench starts): an
     app on the session's default model, sized as ``infer serve`` sizes it, so that no
     server process starts here. bench runs its own event loops: in a worker thread."""
-    argv = [
-        "bench",
-        "--scale",
-        "smoke",
-        "--systems",
-        "url",
-        "--workloads",
-        "chat64",
-        "--temperature",
-        "0.8",
-        "--no-progress",
-    ]
 
-    def bench(*more: str) -> int:
-        return cli.main([*argv, *more])
+    def bench(url: str, out: Path, top_p: str) -> int:
+        return _bench_url(url, out, "chat64", "--temperature", "0.8", "--top-p", top_p)
 
     app = real_app(engine={"max_seq_len": 2048, "max_batch_size": 64})
     async with running_server(app) as server:
-        url = ("--url", server.url)
-        sampled = await trio.to_thread.run_sync(
-            bench, *url, "--top-p", "0.9", "--out", str(tmp_path)
-        )
+        sampled = await trio.to_thread.run_sync(bench, server.url, tmp_path, "0.9")
         # The fields really go out: given a top_p it refuses, the server is not measured.
         bad = tmp_path / "bad"
-        refused_status = await trio.to_thread.run_sync(
-            bench, *url, "--top-p", "1.5", "--out", str(bad)
-        )
+        refused_status = await trio.to_thread.run_sync(bench, server.url, bad, "1.5")
     assert sampled == 0
     report = _report(tmp_path)
     (run,) = report["runs"]
@@ -158,8 +187,7 @@ async def test_sampled_load_reaches_the_server(tmp_path: Path, real_app) -> None
     assert (metrics["output_tokens"] == workload["output_tokens"]) == (metrics["short"] == 0)
     (note,) = [n for n in report["meta"]["notes"] if n.startswith("Sampled")]
     assert "temperature 0.8" in note and "top_p 0.9" in note
-    md = (tmp_path / report["files"]["md"]).read_text()
-    assert note in md
+    assert note in _markdown(tmp_path, report)
     assert refused_status == 1
     refused = _report(bad)
     assert refused["runs"] == []
@@ -168,23 +196,11 @@ async def test_sampled_load_reaches_the_server(tmp_path: Path, real_app) -> None
 
 
 async def test_coding_agent_loads_with_predictions(tmp_path: Path, real_app) -> None:
-    """edit, agent and prose at smoke scale, each edit sent with its file as the prediction:
-    no errors, the server's draft counters over each load, the later turns' TTFT alone.
+    """edit, agent, prose and long at smoke scale, each edit sent with its file as the
+    prediction: no errors, the server's draft counters over each load, the later turns' TTFT
+    alone.
 
     Measured at ``--url`` (an app on the session's model, no server process to start)."""
-    argv = [
-        "bench",
-        "--scale",
-        "smoke",
-        "--systems",
-        "url",
-        "--workloads",
-        "edit,agent,prose",
-        "--predictions",
-        "--no-progress",
-        "--out",
-        str(tmp_path),
-    ]
     app = real_app(engine={"max_seq_len": 8192, "max_batch_size": 4})
     predictions: list[Any] = []
 
@@ -194,7 +210,9 @@ async def test_coding_agent_loads_with_predictions(tmp_path: Path, real_app) -> 
             predictions.append((await request.get_json()).get("prediction"))
 
     async with running_server(app) as server:
-        status = await trio.to_thread.run_sync(cli.main, [*argv, "--url", server.url])
+        status = await trio.to_thread.run_sync(
+            _bench_url, server.url, tmp_path, ",".join(CODING_LOADS), "--predictions"
+        )
     assert status == 0
     files = {text for _, text in edit_sources()}
     sent = [p["content"] for p in predictions if p is not None]
@@ -202,18 +220,19 @@ async def test_coding_agent_loads_with_predictions(tmp_path: Path, real_app) -> 
     assert all(p == {"type": "content", "content": p["content"]} for p in predictions if p)
     report = _report(tmp_path)
     runs = {r["workload"]: r for r in report["runs"]}
-    assert set(runs) == {"edit", "agent", "prose"}
+    assert set(runs) == set(CODING_LOADS)
     for run in runs.values():
         assert run["metrics"]["errors"] == 0 and run["metrics"]["short"] == 0
         drafts = run["drafts"]
         assert 0 <= drafts["accepted"] <= drafts["drafted"]
     assert runs["agent"]["metrics"]["requests"] == 4
     assert runs["agent"]["metrics"]["ttft_follow_up_ms"]["p50"] > 0
-    md = (tmp_path / report["files"]["md"]).read_text()
+    assert runs["long"]["metrics"]["requests"] == 1
+    long_prompt = runs["long"]["metrics"]["prompt_tokens"]
+    assert SCALE_SIZES["smoke"].long_prompt * 0.9 <= long_prompt <= SCALE_SIZES["smoke"].long_prompt
+    md = _markdown(tmp_path, report)
     for text in (
-        "## edit:",
-        "## agent:",
-        "## prose:",
+        *(f"## {name}:" for name in CODING_LOADS),
         "later turns TTFT p50 ms",
         "drafts accepted",
     ):

@@ -275,7 +275,7 @@ def test_no_two_prompts_share_a_start_outside_the_prefix_workload() -> None:
 def test_a_workload_is_the_same_whichever_others_run() -> None:
     tok = _ByteTokenizer()
     every = _by_name(build_workloads(tok, list(WORKLOAD_NAMES), "quick", seed=3))
-    for name in ("w2", "chat64", "prefix", "edit", "agent", "prose"):
+    for name in ("w2", "chat64", "prefix", "edit", "agent", "prose", "long"):
         (alone,) = build_workloads(tok, [name], "quick", seed=3)
         assert alone == every[alone.name]
     with pytest.raises(ValueError, match="unknown workloads"):
@@ -365,6 +365,16 @@ def test_prose_is_w1_again() -> None:
     assert prose.name == "prose" and prose.requests == w1.requests and prose.concurrency == 1
     (alone,) = build_workloads(_ByteTokenizer(), ["prose"], "full", seed=5)
     assert alone == prose
+
+
+def test_long_prompt_fills_its_size_and_is_salted() -> None:
+    tok = _WordTokenizer()
+    for scale, sizes in SCALE_SIZES.items():
+        (request,) = build_workloads(tok, ["long"], scale, seed=0)[0].requests
+        assert sizes.long_prompt * 0.9 <= len(request.prompt_ids) <= sizes.long_prompt
+        assert request.max_new_tokens == sizes.long_new
+    a, b = (build_workloads(tok, ["long"], "full", seed=s)[0].requests[0] for s in (1, 2))
+    assert a.prompt_ids[:16] != b.prompt_ids[:16]
 
 
 def test_follow_up_ttft_is_summarized_alone() -> None:
