@@ -89,11 +89,6 @@ struct V {
   static I dot(I acc, I u, I x) {
     return _mm512_dpbusd_epi32(acc, u, x);
   }
-  // Steps of pair sums that add up in int16 before they widen (0: dot() adds in int32)
-  template <int Bits>
-  static constexpr int kInt16Steps = 0;
-  static I pairs_add(I, I, I) { return zero(); }
-  static I widen(I acc, I) { return acc; }
   // acc + the sums of two s16 x s16 products per lane
   static I dot16(I acc, I a, I b) { return _mm512_dpwssd_epi32(acc, a, b); }
   // 16 int8 as int32 lanes
@@ -177,19 +172,6 @@ struct V {
       return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), ones));
     }
 #endif
-  }
-#if defined(__AVXVNNI__)
-  template <int Bits>
-  static constexpr int kInt16Steps = 0;
-#else
-  // A step's pair sums are at most 2 * 15 * 127 (4 bits) or 2 * 63 * 127 (6 bits): 8 or 2
-  // steps add up in int16 before one VPMADDWD widens them, instead of one per step.
-  template <int Bits>
-  static constexpr int kInt16Steps = Bits == 4 ? 8 : Bits == 6 ? 2 : 0;
-#endif
-  static I pairs_add(I acc16, I u, I x) { return _mm256_add_epi16(acc16, _mm256_maddubs_epi16(u, x)); }
-  static I widen(I acc, I acc16) {
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(acc16, _mm256_set1_epi16(1)));
   }
   static I dot16(I acc, I a, I b) {
 #if defined(__AVXVNNI__)
@@ -403,8 +385,6 @@ inline void group_dots(const Unit* u, int64_t g, const int32_t* const* xq, VI (&
   }
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) dot[r][c] = V::zero();
-  constexpr int kInt16 = V::template kInt16Steps<Bits>;
-  VI part[R][C];  // pair sums in int16 (kInt16 > 0)
   // unrolled, so that each step's nibble and shift are constants
 #pragma GCC unroll 16
   for (int st = 0; st < kSteps; ++st) {
@@ -412,15 +392,7 @@ inline void group_dots(const Unit* u, int64_t g, const int32_t* const* xq, VI (&
     for (int c = 0; c < C; ++c) wv[c] = weights<Bits>(qg[c], st);
     for (int r = 0; r < R; ++r) {
       const VI xb = V::set1(xq[r][g * kSteps + st]);
-      for (int c = 0; c < C; ++c) {
-        if constexpr (kInt16 > 0) {
-          part[r][c] = V::pairs_add(st % kInt16 == 0 ? V::zero() : part[r][c], wv[c], xb);
-          if (st % kInt16 == kInt16 - 1 || st == kSteps - 1)
-            dot[r][c] = V::widen(dot[r][c], part[r][c]);
-        } else {
-          dot[r][c] = V::template dot<Bits>(dot[r][c], wv[c], xb);
-        }
-      }
+      for (int c = 0; c < C; ++c) dot[r][c] = V::template dot<Bits>(dot[r][c], wv[c], xb);
     }
   }
 }
