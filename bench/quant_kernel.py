@@ -54,7 +54,7 @@ def main() -> None:
     p.add_argument("--peak", type=float, help="the CPU's VPDPBUSD peak, G multiply-adds/s")
     args = p.parse_args()
     if not kernels.has_quant():
-        raise SystemExit("this CPU has no AVX512-VNNI: quantized weights are dequantized")
+        raise SystemExit("this CPU has no AVX2: quantized weights are dequantized")
     ops = kernels.ops()
     torch.manual_seed(0)
     print("| weight | N x K | rows | ms | G multiply-adds/s | of peak | error |")
