@@ -3,9 +3,9 @@
 A batch-1 decode step reads every weight once, so on a CPU it is bound by memory reads. The
 probe (``bench/membw.cpp`` of the checkout, compiled here with g++ and OpenMP) reads a buffer
 four times the last-level cache (at least 1 GiB) with the servers' thread count, with plain
-loads and with software prefetching, and reports its best pass in GB/s. The bytes a step reads are counted from the GGUF file the systems load,
-so infer and llama.cpp get the same count; W1's bytes per token ÷ its ITL p50 is then a share
-of the probe.
+loads and with software prefetching, and reports its best pass in GB/s. The bytes a step
+reads are counted from the GGUF file the systems load, so infer and llama.cpp get the same
+count; W1's bytes per token ÷ its ITL p50 is then a share of the probe.
 """
 
 from __future__ import annotations

@@ -404,8 +404,9 @@ class Scale:
 
 # full: W1, W2, chat64 and prefix at their specified sizes; the sweep's 64
 # requests are kept short so that its concurrency-1 pass stays within minutes. quick: a few
-# minutes for everything on 2 busy cores. smoke: seconds; checks the pipeline (the test suite
-# runs it), measures nothing.
+# minutes for everything on 2 busy cores, but the long load keeps its 8k-token prompt (one
+# request, which is the point of it: ~1 min of prefill for infer on the 1.5B, 3-4 for
+# llama.cpp). smoke: seconds; checks the pipeline (the test suite runs it), measures nothing.
 SCALE_SIZES = {
     "full": Scale(256, 256, 16, (32, 1024), (64, 256), 64, (32, 512), (16, 64), (1, 4, 16, 64)),
     "quick": Scale(
