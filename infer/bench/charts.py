@@ -30,6 +30,8 @@ COLORS = {
     "infer-prediction": "gold",
     "llama.cpp-ngram": "darkred",
     "llama.cpp-draft": "magenta",
+    "infer-avx2": "teal",
+    "llama.cpp-avx2": "olive",
 }
 # Without a sweep, these workloads' runs are the throughput chart's points (at most one per
 # system and concurrency, the first listed): prefix measures TTFT, not throughput.

@@ -9,12 +9,14 @@ Speculative decoding: infer drafts by default (from each request's own tokens);
 llama.cpp's peers are ``llama.cpp-ngram`` (its n-gram drafts, in a setting of llama-server
 flags chosen per run) and ``llama.cpp-draft`` (the 0.5B model drafting for the 1.5B). An infer
 server's draft counters (``/metrics``) are read around every workload. ``llama.cpp-avx2`` is
-llama-server built for AVX2 alone (no AVX-512, VNNI or AMX), as most x86 machines run it.
+llama-server built for AVX2 alone (no AVX-512, VNNI or AMX), as most x86 machines run it;
+``infer-avx2`` is infer with its kernels built for the same (``INFER_KERNEL_ISA=avx2``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import shlex
 from collections.abc import Callable, Iterator
@@ -56,6 +58,7 @@ SYSTEMS = (
     "infer-nospec",
     "infer-prediction",
     "infer-draft",
+    "infer-avx2",
     "llama.cpp",
     "llama.cpp-avx2",
     "llama.cpp-ngram",
@@ -69,6 +72,7 @@ OPT_IN_SYSTEMS = frozenset(
         "infer-nospec",
         "infer-prediction",
         "infer-draft",
+        "infer-avx2",
         "llama.cpp-avx2",
         "llama.cpp-ngram",
         "llama.cpp-draft",
@@ -84,7 +88,10 @@ INFER_SERVERS = {
     "infer-prediction": ("continuous", []),
     # Qwen2.5-Coder-0.5B drafting (for the 1.5B: the same tokenizer).
     "infer-draft": ("continuous", ["--draft-model", "qwen2.5-coder-0.5b"]),
+    "infer-avx2": ("continuous", []),
 }
+# The environment of those that differ from the bench's own.
+INFER_ENV = {"infer-avx2": {"INFER_KERNEL_ISA": "avx2"}}
 PREDICTING = frozenset({"infer-prediction"})  # their client sends each request's prediction
 # llama.cpp's speculative peers, each run once per setting of llama-server flags
 # (--llama-spec, --llama-draft); the draft model's path is added to llama.cpp-draft's.
@@ -176,7 +183,8 @@ def open_system(name: str, settings: Settings) -> Iterator[Measure]:
             args += ["--num-threads", str(settings.threads)]
         command = infer_command(port, mode, settings.model, settings.dtype, args)
         target = Target(url, "native", predictions=name in PREDICTING)
-        with running_server(command, url, "/health") as server:
+        env = os.environ | INFER_ENV[name] if name in INFER_ENV else None
+        with running_server(command, url, "/health", env) as server:
             settings.startup_s[name] = round(server.startup_s, 1)
             yield _http(target, settings, name, server, drafts=True)
     elif name in ("llama.cpp", LLAMA_AVX2):
