@@ -145,14 +145,22 @@ def measure(gguf: Path | None, threads: int, nbytes: int) -> dict[str, Any]:
 
 
 def add_shares(
-    runs: list[dict[str, Any]], meta: dict[str, Any], reads_gguf: Callable[[str], bool]
+    runs: list[dict[str, Any]],
+    meta: dict[str, Any],
+    reads_gguf: Callable[[str], bool],
+    speculated: Callable[[dict[str, Any]], bool],
 ) -> None:
     """Each W1 run of a system that ``reads_gguf``: its :func:`share` of the probe
-    (``bandwidth``), when both the probe and the byte count are there."""
+    (``bandwidth``), when both the probe and the byte count are there. A run that was
+    ``speculated`` gets none (``{"drafted": True}``): its tokens came several a step, so its
+    ITL is not a step's time (``infer-nospec`` gives infer's)."""
     probed, per_token = meta.get("probe"), meta.get("bytes_per_token")
     if not probed or not per_token:
         return
     for run in runs:
         if run["workload"] == "W1" and reads_gguf(run["system"]):
+            if speculated(run):
+                run["bandwidth"] = {"drafted": True}
+                continue
             itl = run["metrics"]["itl_ms"]["p50"]
             run["bandwidth"] = share(per_token, itl, probed["gb_s"])

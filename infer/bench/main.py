@@ -263,7 +263,7 @@ def run_bench(args: argparse.Namespace) -> int:
     if any(_speculated(r) for r in runs):
         meta["notes"].append(BURSTS_NOTE)
     add_ratios(runs)
-    bandwidth.add_shares(runs, meta["bandwidth"], reads_gguf)
+    bandwidth.add_shares(runs, meta["bandwidth"], reads_gguf, _speculated)
     report: Report = {
         "meta": meta,
         "workloads": _describe(workloads),

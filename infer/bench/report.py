@@ -213,6 +213,9 @@ def bandwidth_table(report: Report) -> str:
             "|---|---|---|---|",
         ]
         for run in rows:
+            if run["bandwidth"].get("drafted"):
+                out.append(f"| {run['system']} | drafted: not one step a token | – | – |")
+                continue
             share = run["bandwidth"].get("of_probe")
             out.append(
                 f"| {run['system']} | {_num(run['metrics']['itl_ms']['p50'])} "

@@ -132,7 +132,8 @@ def test_meta_goals_and_markdown(report_dir: Path) -> None:
 def test_w1_bandwidth_against_the_probe(report_dir: Path) -> None:
     """The read probe ran (on smoke's small buffer) with the servers' thread count; a decode
     step reads the whole default GGUF file's tensors (its embeddings are its head too); each
-    W1 run of infer's systems has its share of the probe, transformers' has none."""
+    W1 run of infer's systems has its share of the probe, transformers' has none, and a
+    run whose drafts were kept (tokens several a step) is marked instead of given one."""
     report = _report(report_dir)
     meta = report["meta"]
     bandwidth = meta["bandwidth"]
@@ -141,11 +142,16 @@ def test_w1_bandwidth_against_the_probe(report_dir: Path) -> None:
     assert probe["bytes"] == SMOKE_PROBE_BYTES
     tensors = GGUFFile(default_gguf_path()).tensors
     assert bandwidth["bytes_per_token"] == sum(t.data.nbytes for t in tensors)
-    shares = {r["system"]: r.get("bandwidth") for r in report["runs"] if r["workload"] == "W1"}
-    assert shares.pop("hf-batched") is None
-    assert set(shares) == set(SYSTEMS) - {"hf-batched"}
-    for share in shares.values():
-        assert share["gb_s"] > 0 and share["of_probe"] > 0
+    w1 = {r["system"]: r for r in report["runs"] if r["workload"] == "W1"}
+    assert "bandwidth" not in w1.pop("hf-batched")
+    assert set(w1) == set(SYSTEMS) - {"hf-batched"}
+    assert w1["sequential"]["bandwidth"]["of_probe"] > 0  # generate() never drafts
+    for run in w1.values():
+        share = run["bandwidth"]
+        if share.get("drafted"):
+            assert run["drafts"]["accepted"] > 0
+        else:
+            assert share["gb_s"] > 0 and share["of_probe"] > 0
 
 
 def test_decode_bytes_read_one_embedding_row_beside_a_head() -> None:
