@@ -43,7 +43,7 @@ from infer.bench.servers import (
     vllm_env,
 )
 from infer.bench.workloads import SOURCE_TEXT, BenchRequest, Workload
-from infer.engine.config import DTYPES, EngineConfig
+from infer.engine.config import DTYPES
 from infer.models.errors import LoadError
 from infer.models.loader import LoadedModel
 from infer.models.packaged import PACKAGED_MODELS
@@ -106,7 +106,9 @@ SERIAL = frozenset({"sequential", "hf"})  # one request at a time, whatever the 
 LLAMA_CPP_CTX = 2048  # tokens per slot (more when a request needs more; fewer slots then)
 LLAMA_CPP_SLOTS = 64  # as many sequences at once as infer's --max-batch-size
 VLLM_MAX_MODEL_LEN = 2048  # (more when a request needs more)
-INFER_MAX_SEQ_LEN = EngineConfig.max_seq_len  # `infer serve`'s default
+# Longer runs pass --max-seq-len; shorter ones leave `infer serve`'s default (the model's
+# context, at least this for the models benched).
+INFER_MAX_SEQ_LEN = 2048
 CONTEXT_STEP = 256  # longer contexts are rounded up to a multiple of this
 # The draft counters of infer's /metrics (Prometheus text): drafted, then accepted.
 DRAFT_COUNTERS = ("infer_draft_tokens_total", "infer_draft_tokens_accepted_total")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
@@ -13,7 +14,17 @@ BATCHING_MODES = ("static", "continuous")
 # safetensors file's dtype), dense in ``dtype``, or quantized at load to 8 or 4 bits.
 WEIGHT_MODES = ("auto", "bf16", "int8", "int4")
 MAX_DRAFT_TOKENS = 64
-DEFAULT_KV_CACHE_GB = 0.75  # today's 16 rows x 2048 tokens of the default model, in bf16
+MAX_SEQ_LEN_FLAG = "--max-seq-len"
+DEFAULT_KV_CACHE_GB = 0.75  # 32k tokens of the default model, 26k of Qwen2.5-1.5B, in bf16
+
+
+class CacheSize(NamedTuple):
+    """The KV cache's blocks and the longest request (see :meth:`EngineConfig.cache_size`)."""
+
+    num_blocks: int
+    max_seq_len: int
+    bound: str  # what set max_seq_len: MAX_SEQ_LEN_FLAG, the model's context or the KV cache
+    note: str = ""  # more on it, for the log line at start
 
 
 @dataclass
@@ -30,7 +41,9 @@ class EngineConfig:
             (quantized at load in groups of 32). Quantized weights need AVX512-VNNI; elsewhere
             they are dequantized.
         device: Torch device string.
-        max_seq_len: Longest prompt + completion a request may have.
+        max_seq_len: Longest prompt + completion a request may have (``None``: the
+            model's context, or what the KV cache holds where that is less). A longer one
+            than the model's context is honoured, with a warning at start.
         max_batch_size: Most requests that run together in one forward.
         max_waiting_requests: Requests the server lets wait to run before it refuses more (503).
         batching_mode: ``"continuous"`` (admit and retire every step) or ``"static"``
@@ -62,7 +75,7 @@ class EngineConfig:
     dtype: str = field(default="bfloat16", metadata={"choices": tuple(DTYPES)})
     weights: str = field(default="auto", metadata={"choices": WEIGHT_MODES})
     device: str = "cpu"
-    max_seq_len: int = 2048
+    max_seq_len: int | None = None
     max_batch_size: int = 64
     max_waiting_requests: int = 64
     batching_mode: str = field(default="continuous", metadata={"choices": BATCHING_MODES})
@@ -87,7 +100,7 @@ class EngineConfig:
                 f"batching_mode must be one of {BATCHING_MODES}, got {self.batching_mode!r}"
             )
         for name in ("max_seq_len", "max_batch_size", "prefill_token_budget", "block_size"):
-            if getattr(self, name) < 1:
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.block_size % 2:  # the cache keeps pairs of positions together
             raise ValueError(f"block_size must be even, got {self.block_size}")
@@ -106,22 +119,30 @@ class EngineConfig:
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")
 
-    def num_kv_blocks(self, bytes_per_block: int) -> int:
-        """Blocks of the KV cache for a model whose blocks take ``bytes_per_block``.
+    def cache_size(self, bytes_per_block: int, context: int) -> CacheSize:
+        """Size the KV cache for a model of ``context`` tokens whose blocks take
+        ``bytes_per_block``, and settle ``max_seq_len``: as set, else the model's context,
+        else (when the cache holds fewer tokens) what the cache holds.
 
         Raises:
-            ValueError: The budget cannot hold even one request of ``max_seq_len`` tokens.
+            ValueError: The budget cannot hold a set ``max_seq_len``, or not even one block.
         """
-        per_seq = -(-self.max_seq_len // self.block_size)
-        if self.kv_cache_gb is None:
-            blocks = min(
-                int(DEFAULT_KV_CACHE_GB * 1e9) // bytes_per_block, per_seq * self.max_batch_size
-            )
-        else:
-            blocks = int(self.kv_cache_gb * 1e9) // bytes_per_block
-        if blocks < per_seq:
+        seq_len = self.max_seq_len or context
+        per_seq = -(-seq_len // self.block_size)
+        budget = int((self.kv_cache_gb or DEFAULT_KV_CACHE_GB) * 1e9) // bytes_per_block
+        if self.kv_cache_gb is None:  # then the budget is a cap: no more than the batch needs
+            budget = min(budget, per_seq * self.max_batch_size)
+        held = budget * self.block_size
+        if budget < (1 if self.max_seq_len is None else per_seq):
             raise ValueError(
-                f"kv_cache_gb: the KV cache holds {blocks * self.block_size} tokens, fewer "
-                f"than one request of max_seq_len ({self.max_seq_len}) needs"
+                f"kv_cache_gb: the KV cache holds {held} tokens, fewer "
+                f"than one request of max_seq_len ({seq_len}) needs"
             )
-        return blocks
+        if self.max_seq_len is not None:
+            beyond = f", beyond the model's context of {context}" if seq_len > context else ""
+            return CacheSize(budget, seq_len, MAX_SEQ_LEN_FLAG, beyond)
+        if held < context:
+            gb = self.kv_cache_gb or DEFAULT_KV_CACHE_GB
+            note = f" of {gb:g} GB; the model's context is {context}, --kv-cache-gb raises it"
+            return CacheSize(budget, held, "the KV cache budget", note)
+        return CacheSize(budget, context, "the model's context")

@@ -6,6 +6,7 @@ Synchronous and single-threaded: the server calls every method from its one engi
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import math
@@ -18,7 +19,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from infer.engine.block_manager import BlockManager
-from infer.engine.config import DTYPES, EngineConfig
+from infer.engine.config import DTYPES, MAX_SEQ_LEN_FLAG, EngineConfig
 from infer.engine.detokenizer import IncrementalDetokenizer
 from infer.engine.logit_processors import process_logits
 from infer.engine.params import SamplingParams
@@ -60,15 +61,18 @@ class Engine:
         clock: Clock = time.monotonic,
         draft_model: CausalLM | None = None,
     ) -> None:
+        block_bytes = PagedKVCache.bytes_per_block(model.config, config.block_size, model.dtype)
+        size = config.cache_size(block_bytes, model.config.max_position_embeddings)
+        # The config from here on has max_seq_len set; `cache_size` says what set it.
+        config = dataclasses.replace(config, max_seq_len=size.max_seq_len)
         self.config = config
+        self.max_seq_len = size.max_seq_len
+        self.cache_size = size
         self.model = model
         self.tokenizer = tokenizer
         self.eos_token_ids = frozenset(eos_token_ids)
         self.model_name = model_name
-        block_bytes = PagedKVCache.bytes_per_block(model.config, config.block_size, model.dtype)
-        self.blocks = BlockManager(
-            config.num_kv_blocks(block_bytes), config.block_size, config.prefix_caching
-        )
+        self.blocks = BlockManager(size.num_blocks, config.block_size, config.prefix_caching)
         self.scheduler: Scheduler = make_scheduler(config, self.blocks, clock)
         self.runner = ModelRunner(model, config, self.blocks)
         self.draft_model: DraftModel | None = None
@@ -152,17 +156,25 @@ class Engine:
             return list(self.tokenizer.encode(prediction, add_special_tokens=False))
         return list(prediction)
 
+    @property
+    def seq_len_source(self) -> str:
+        """Where ``max_seq_len`` comes from, for people: the flag, and what set it here."""
+        bound = self.cache_size.bound
+        return bound if bound == MAX_SEQ_LEN_FLAG else f"{MAX_SEQ_LEN_FLAG}; here {bound}"
+
     def check(self, prompt_len: int, max_new_tokens: int, trace: TraceSpec | None) -> None:
         """Refuse a request that cannot fit in ``max_seq_len`` or traces a missing layer.
+
+        The one length check of every route (the server's admission calls it too).
 
         Raises:
             RequestError: ``CONTEXT_LENGTH_EXCEEDED`` or ``INVALID_VALUE``.
         """
-        if prompt_len + max_new_tokens > self.config.max_seq_len:
+        if prompt_len + max_new_tokens > self.max_seq_len:
             raise RequestError(
                 Refusal.CONTEXT_LENGTH_EXCEEDED,
-                f"prompt ({prompt_len} tokens) + max_tokens ({max_new_tokens}) exceeds "
-                f"max_seq_len ({self.config.max_seq_len})",
+                f"prompt ({prompt_len} tokens) + max_tokens ({max_new_tokens}) exceeds the "
+                f"max sequence length, {self.max_seq_len} tokens ({self.seq_len_source})",
             )
         layers = self.model.config.num_hidden_layers
         if trace is not None and trace.layer is not None and not 0 <= trace.layer < layers:

@@ -58,10 +58,14 @@ class Scheduler(ABC):
     """FCFS queue, the running set (at most ``max_batch_size``) and the KV blocks.
 
     Args:
-        config: Batch limits and budgets.
+        config: Batch limits and budgets, ``max_seq_len`` set (the engine sets it from the
+            model when it is not).
         blocks: The KV cache's blocks (default: enough for ``max_batch_size`` requests of
             ``max_seq_len`` tokens, for tests without a model).
         clock: Monotonic seconds (the static policy's batch wait reads it).
+
+    Raises:
+        ValueError: ``config.max_seq_len`` is not set.
     """
 
     def __init__(
@@ -70,7 +74,10 @@ class Scheduler(ABC):
         blocks: BlockManager | None = None,
         clock: Clock = time.monotonic,
     ) -> None:
+        if config.max_seq_len is None:
+            raise ValueError("the scheduler needs max_seq_len set (Engine sets it)")
         self.config = config
+        self.max_seq_len = config.max_seq_len
         self.clock = clock
         if blocks is None:
             size = config.block_size
@@ -269,7 +276,7 @@ class StaticScheduler(Scheduler):
         self._deadline = None
         # The whole batch joins now; its prompts are prefilled over the next steps.
         self._take_waiting(
-            self.config.max_batch_size, self.config.max_seq_len * self.config.max_batch_size
+            self.config.max_batch_size, self.max_seq_len * self.config.max_batch_size
         )
 
 

@@ -273,7 +273,7 @@ async def admit(
         params: list[SamplingParams] = []
         for prompt in ids:
             limit = fields.limit()
-            room = engine.config.max_seq_len - len(prompt)
+            room = engine.max_seq_len - len(prompt)
             max_tokens = limit if limit is not None else min(default_max_tokens, room)
             need = 0 if limit == 0 else max(max_tokens, 1)  # 0 asked for: the prompt is scored
             try:

@@ -65,6 +65,13 @@ class ErrorCode(StrEnum):
     RESPONSE_NOT_FOUND = "response_not_found", 404, False, "no such stored response"
     REQUEST_NOT_FOUND = "request_not_found", 404, False, "no such resumable request"
     INVALID_REQUEST = "invalid_request", 400, False, "the request is invalid"
+    # 400 as OpenAI answers it: clients that shorten and retry look for this status and code.
+    CONTEXT_LENGTH_EXCEEDED = (
+        "context_length_exceeded",
+        400,
+        False,
+        "prompt + max_tokens exceed the max sequence length (--max-seq-len)",
+    )
     METHOD_NOT_ALLOWED = "method_not_allowed", 405, False, "method not allowed"
     REQUEST_TIMEOUT = "request_timeout", 408, False, "the request took too long to arrive"
     REQUEST_ID_CONFLICT = "request_id_conflict", 409, False, "this request_id is in use"
@@ -74,7 +81,6 @@ class ErrorCode(StrEnum):
     INVALID_MESSAGES = "invalid_messages", 422, False, "the chat template refused the messages"
     INVALID_SCHEMA = "invalid_schema", 422, False, "the JSON schema cannot be compiled"
     NO_CHAT_TEMPLATE = "no_chat_template", 422, False, "the model has no chat template"
-    CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded", 422, False, "too long for max_seq_len"
     MODEL_NOT_FOUND = "model_not_found", 422, False, "that model is not served here"
     RATE_LIMITED = "rate_limited", 429, True, "rate limit exceeded"
     INTERNAL_ERROR = "internal_error", 500, False, "internal server error"

@@ -209,7 +209,7 @@ async def tokenize() -> Response:
     answer: dict[str, Any] = {
         "tokens": ids,
         "count": len(ids),
-        "max_model_len": state.max_model_len,
+        "max_model_len": engine.max_seq_len,
     }
     if body.return_token_strs:
         answer["token_strs"] = engine.tokenizer.convert_ids_to_tokens(ids)

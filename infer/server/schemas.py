@@ -896,7 +896,7 @@ class ModelCard(BaseModel):
     object: Literal["model"]
     created: int
     owned_by: str
-    max_model_len: int
+    max_model_len: int | None  # None while the model loads (its context decides it)
 
 
 class ModelList(BaseModel):

@@ -81,10 +81,11 @@ class ServerState:
         return name in self.model_names or name in (own, self.config.engine.model)
 
     @property
-    def max_model_len(self) -> int:
-        """Prompt + completion tokens one request may use."""
+    def max_model_len(self) -> int | None:
+        """Prompt + completion tokens one request may use (``None`` while the model loads,
+        when no ``max_seq_len`` was set: the model's context decides it)."""
         engine = self.engine
-        return engine.config.max_seq_len if engine is not None else self.config.engine.max_seq_len
+        return engine.max_seq_len if engine is not None else self.config.engine.max_seq_len
 
     @property
     def ready(self) -> bool:
@@ -141,6 +142,7 @@ class ServerState:
                     if self.status == Status.LOADING:
                         self.status = Status.READY
                         log.info("serving %s", self.engine.model_name)
+                        _log_max_seq_len(self.engine)
                 if worker.failed:
                     self._fail("the engine failed; the server must be restarted")
         finally:
@@ -200,3 +202,12 @@ def get_state() -> ServerState:
     """The state of the app handling the current request."""
     state: ServerState = current_app.extensions["infer"]
     return state
+
+
+def _log_max_seq_len(engine: Engine) -> None:
+    """Say at start how long a request may be and what set it (a warning past the model's
+    context, which its positions were not trained for)."""
+    size = engine.cache_size
+    context = engine.model.config.max_position_embeddings
+    level = logging.WARNING if size.max_seq_len > context else logging.INFO
+    log.log(level, "max sequence length %d (%s%s)", size.max_seq_len, size.bound, size.note)

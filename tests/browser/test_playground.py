@@ -324,7 +324,7 @@ def call_metrics(server: Server) -> dict[str, float]:
 
 def test_a_refused_request_shows_the_servers_error_code(server: Server, watched: Watched) -> None:
     page = watched.page
-    complete(page, server.url, "Hello", max_tokens="4096")  # over the 2048-token context
+    complete(page, server.url, "Hello", max_tokens="9000")  # over the 8192-token context
     assert page.locator(".column").get_attribute("data-status") == "error"
     assert "finish: context_length_exceeded" in numbers(page)
 

@@ -162,7 +162,7 @@ def test_bf16_engine_output_is_the_same_alone_and_batched(default_model: LoadedM
 
     def run(batch: list[list[int]]) -> list[list[int]]:
         engine = Engine(
-            EngineConfig(max_batch_size=8, prefill_token_budget=96),
+            EngineConfig(max_batch_size=8, max_seq_len=512, prefill_token_budget=96),
             default_model.model,
             default_model.tokenizer,
             default_model.eos_token_ids,

@@ -179,7 +179,7 @@ def test_failed_forward_fails_its_requests_and_engine_recovers(
 
 def test_rejects_bad_requests_before_queueing(tiny_model, default_tokenizer) -> None:
     engine = _engine(tiny_model, default_tokenizer, max_seq_len=32)
-    with pytest.raises(ValueError, match="exceeds max_seq_len"):
+    with pytest.raises(ValueError, match=r"max sequence length, 32 tokens \(--max-seq-len\)"):
         engine.add_request("hello " * 10, SamplingParams(max_new_tokens=30))
     with pytest.raises(ValueError, match="empty"):
         engine.add_request("", GREEDY)
@@ -188,6 +188,33 @@ def test_rejects_bad_requests_before_queueing(tiny_model, default_tokenizer) -> 
     with pytest.raises(ValueError, match="trace.layer"):
         engine.add_request("hi", GREEDY, trace=TraceSpec(layer=99))
     assert not engine.has_work()
+
+
+def test_max_seq_len_is_the_models_context_unless_the_kv_cache_or_the_flag_says_less(
+    tiny_model, default_tokenizer
+) -> None:
+    # The tiny model's context is 2048 tokens.
+    engine = Engine.from_components(EngineConfig(max_batch_size=2), tiny_model, default_tokenizer)
+    assert (engine.max_seq_len, engine.cache_size.bound) == (2048, "the model's context")
+    assert engine.config.max_seq_len == 2048 and engine.blocks.num_blocks == 2 * 2048 // 16
+    engine.check(2000, 48, None)
+    with pytest.raises(
+        ValueError, match=r"2048 tokens \(--max-seq-len; here the model's context\)"
+    ):
+        engine.check(2000, 49, None)
+    small = EngineConfig(kv_cache_gb=48.5 * _block_bytes(tiny_model, 16) / 1e9)
+    engine = Engine.from_components(small, tiny_model, default_tokenizer)
+    assert (engine.max_seq_len, engine.cache_size.bound) == (768, "the KV cache budget")
+    explicit = EngineConfig(max_seq_len=4096, max_batch_size=1)  # past the context: honoured
+    engine = Engine.from_components(explicit, tiny_model, default_tokenizer)
+    assert (engine.max_seq_len, engine.cache_size.bound) == (4096, "--max-seq-len")
+    assert "beyond the model's context of 2048" in engine.cache_size.note
+    with pytest.raises(ValueError, match="kv_cache_gb"):  # a set length the cache cannot hold
+        Engine.from_components(
+            EngineConfig(max_seq_len=1024, kv_cache_gb=small.kv_cache_gb),
+            tiny_model,
+            default_tokenizer,
+        )
 
 
 def test_no_leaks_after_500_mixed_requests(tiny_model, default_tokenizer) -> None:

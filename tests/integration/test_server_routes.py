@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import httpx
 import pytest
 
@@ -229,11 +231,12 @@ async def test_400_and_422(real_app) -> None:
         assert_error(
             await post("/v1/completions", json=ok | {"prompt": [10**9]}), 422, "invalid_value"
         )
-        assert_error(
+        error = assert_error(
             await post("/v1/completions", json=ok | {"max_tokens": 600}),
-            422,
+            400,
             "context_length_exceeded",
         )
+        assert "512 tokens (--max-seq-len)" in error["message"]
         assert_error(
             await post("/v1/generate", json={"prompt": PROMPT, "trace": {"layer": 99}}),
             422,
@@ -251,6 +254,32 @@ async def test_400_and_422(real_app) -> None:
         assert_error(await client.get("/v1/completions"), 405, "method_not_allowed")
         metrics = (await client.get("/metrics")).text
     assert 'infer_requests_rejected_total{code="empty_prompt"} 4.0' in metrics
+
+
+async def test_a_prompt_past_2048_tokens_fits_the_models_own_context(real_app, caplog) -> None:
+    """Unset, max_seq_len is the model's context (SmolLM2's 8192), said at start; past it,
+    every generating route answers 400 naming the limit and the flag."""
+    text = "hello " * 2080  # 2081 tokens
+    app = real_app(engine={"max_seq_len": None, "max_batch_size": 1})
+    with caplog.at_level(logging.INFO, logger="infer.server"):
+        async with (
+            running_server(app) as server,
+            httpx.AsyncClient(base_url=server.url, timeout=120) as client,
+        ):
+            assert (await client.get("/v1/models")).json()["data"][0]["max_model_len"] == 8192
+            body = {"model": MODEL, "prompt": text, "max_tokens": 2, "temperature": 0}
+            r = await client.post("/v1/completions", json=body)
+            assert r.status_code == 200, r.text
+            assert r.json()["usage"]["prompt_tokens"] > 2048
+            for route, prompt in (
+                ("/v1/completions", {"prompt": text}),
+                ("/v1/chat/completions", {"messages": [{"role": "user", "content": text}]}),
+                ("/v1/generate", {"prompt": text}),
+            ):
+                r = await client.post(route, json=prompt | {"model": MODEL, "max_tokens": 6200})
+                message = assert_error(r, 400, "context_length_exceeded")["message"]
+                assert "8192 tokens (--max-seq-len; here the model's context)" in message, route
+    assert "max sequence length 8192 (the model's context)" in caplog.text
 
 
 async def test_413_prompt_and_body_size(real_app) -> None:

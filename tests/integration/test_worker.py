@@ -208,8 +208,10 @@ async def test_a_slow_reader_keeps_every_logprob_and_trace(tiny_model, default_t
     assert all(o.logprobs is not None and o.logprobs.top and o.trace for o in tokens)
 
 
-def test_the_slow_reader_limit_fires_at_default_settings() -> None:
-    assert ServerConfig().max_pending_tokens < EngineConfig().max_seq_len
+def test_the_slow_reader_limit_fires_at_default_settings(tiny_model, default_tokenizer) -> None:
+    # max_seq_len defaults to the model's context: the tiny model's 2048 is a short one.
+    engine = Engine.from_components(EngineConfig(max_batch_size=1), tiny_model, default_tokenizer)
+    assert ServerConfig().max_pending_tokens < engine.max_seq_len
 
 
 async def test_a_request_that_fails_to_queue_ends_alone(

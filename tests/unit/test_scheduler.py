@@ -38,7 +38,8 @@ def _prefill_all(plan) -> None:
 
 
 def _static(clock: Any = time.monotonic, **kw: Any) -> StaticScheduler:
-    return StaticScheduler(EngineConfig(**({"batching_mode": "static"} | kw)), clock=clock)
+    config = EngineConfig(**({"batching_mode": "static", "max_seq_len": 2048} | kw))
+    return StaticScheduler(config, clock=clock)
 
 
 def test_static_forms_a_batch_in_fcfs_order() -> None:
@@ -95,7 +96,7 @@ def test_static_waits_for_the_batch_to_fill_then_times_out() -> None:
 
 
 def test_continuous_admits_into_free_slots_every_step() -> None:
-    s = ContinuousScheduler(EngineConfig(max_batch_size=2))
+    s = ContinuousScheduler(EngineConfig(max_batch_size=2, max_seq_len=2048))
     a, b, c = _req("a"), _req("b"), _req("c")
     for r in (a, b, c):
         s.add_request(r)
@@ -108,7 +109,9 @@ def test_continuous_admits_into_free_slots_every_step() -> None:
 
 
 def test_long_prompt_is_chunked_and_decode_keeps_flowing() -> None:
-    s = ContinuousScheduler(EngineConfig(max_batch_size=4, prefill_token_budget=16))
+    s = ContinuousScheduler(
+        EngineConfig(max_batch_size=4, max_seq_len=2048, prefill_token_budget=16)
+    )
     short, long = _req("short", 3), _req("long", 40)
     s.add_request(short)
     _prefill_all(s.schedule())
@@ -124,7 +127,9 @@ def test_long_prompt_is_chunked_and_decode_keeps_flowing() -> None:
 
 
 def test_prefill_packs_prompts_into_the_token_budget() -> None:
-    s = ContinuousScheduler(EngineConfig(max_batch_size=8, prefill_token_budget=32))
+    s = ContinuousScheduler(
+        EngineConfig(max_batch_size=8, max_seq_len=2048, prefill_token_budget=32)
+    )
     reqs = [_req(str(i), n) for i, n in enumerate([8, 5, 8, 30, 2])]
     for r in reqs:
         s.add_request(r)
@@ -235,7 +240,7 @@ def test_a_prompt_being_scored_recomputes_what_it_has_not_scored() -> None:
 
 
 def test_has_work() -> None:
-    s = ContinuousScheduler(EngineConfig())
+    s = ContinuousScheduler(EngineConfig(max_seq_len=2048))
     assert not s.has_work()
     r = _req("a")
     s.add_request(r)
@@ -249,6 +254,7 @@ def test_has_work() -> None:
     "field,value",
     [
         ("max_batch_size", 0),
+        ("max_seq_len", 0),
         ("batching_mode", "dynamic"),
         ("dtype", "int8"),
         ("prefill_token_budget", 0),
