@@ -38,6 +38,8 @@ if TYPE_CHECKING:
 Body = TypeVar("Body", bound=BaseModel)
 
 SEED_MOD = 2**64
+# The default prompt text limit, per token of the max sequence length (code runs ~4)
+PROMPT_BYTES_PER_TOKEN = 16
 _SEED_STEP = 0x9E3779B97F4A7C15  # odd: choices of one seed never collide
 
 
@@ -119,7 +121,7 @@ async def encode(
         APIError: Empty, too large, ids outside the vocabulary, or a refused conversation.
     """
     tokenizer, vocab = engine.tokenizer, engine.model.config.vocab_size
-    max_bytes = state.config.max_prompt_bytes
+    max_bytes = prompt_bytes(state, engine)
 
     def run() -> list[list[int]]:
         return [
@@ -317,6 +319,12 @@ async def admit(
     return Admitted(stream, ids, thinking)
 
 
+def prompt_bytes(state: ServerState, engine: Engine) -> int:
+    """The prompt text limit: ``--max-prompt-bytes``, else 16 bytes per token of the max
+    sequence length."""
+    return state.config.max_prompt_bytes or PROMPT_BYTES_PER_TOKEN * engine.max_seq_len
+
+
 async def _prediction(
     state: ServerState, engine: Engine, fields: SamplingFields
 ) -> list[int] | None:
@@ -324,10 +332,9 @@ async def _prediction(
     if fields.prediction is None:
         return None
     text = fields.prediction.text()
-    if len(text.encode()) > state.config.max_prompt_bytes:
+    if len(text.encode()) > (limit := prompt_bytes(state, engine)):
         raise APIError(
-            ErrorCode.PROMPT_TOO_LARGE,
-            f"prediction: larger than max_prompt_bytes ({state.config.max_prompt_bytes})",
+            ErrorCode.PROMPT_TOO_LARGE, f"prediction: larger than max_prompt_bytes ({limit})"
         )
     return await trio.to_thread.run_sync(engine.encode_prediction, text)
 

@@ -20,7 +20,8 @@ class ServerConfig:
         api_keys: Accepted bearer tokens; empty disables authentication.
         cors_origins: Origins allowed to call the API from a browser; ``"*"`` allows any.
         max_prompt_bytes: Longest prompt, in UTF-8 bytes of prompt text (the rendered chat
-            transcript for ``messages``); longer ones get 413.
+            transcript for ``messages``); longer ones get 413. ``None``: 16 bytes per token of
+            the max sequence length (a guard before tokenizing; the token count is the limit).
         max_body_bytes: Longest request body; longer ones get 413.
         rate_limit: Requests per minute per client (API key, else address); ``None`` is off.
         rate_burst: Requests a client may make at once before the rate applies.
@@ -56,7 +57,7 @@ class ServerConfig:
     api_keys: tuple[str, ...] = ()
     served_model_names: tuple[str, ...] = ()
     cors_origins: tuple[str, ...] = ()
-    max_prompt_bytes: int = 16384
+    max_prompt_bytes: int | None = None
     max_body_bytes: int = 262144
     rate_limit: float | None = None
     rate_burst: int = 5
@@ -78,8 +79,9 @@ class ServerConfig:
         self.cors_origins = tuple(o.rstrip("/") for o in self.cors_origins if o)
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
+        if self.max_prompt_bytes is not None and self.max_prompt_bytes < 1:
+            raise ValueError(f"max_prompt_bytes must be >= 1, got {self.max_prompt_bytes}")
         for name in (
-            "max_prompt_bytes",
             "max_body_bytes",
             "rate_burst",
             "output_buffer",

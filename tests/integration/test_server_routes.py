@@ -257,9 +257,10 @@ async def test_400_and_422(real_app) -> None:
 
 
 async def test_a_prompt_past_2048_tokens_fits_the_models_own_context(real_app, caplog) -> None:
-    """Unset, max_seq_len is the model's context (SmolLM2's 8192), said at start; past it,
-    every generating route answers 400 naming the limit and the flag."""
-    text = "hello " * 2080  # 2081 tokens
+    """Unset, max_seq_len is the model's context (SmolLM2's 8192), said at start, and the
+    prompt text limit follows it (18 KB passes); past it, every generating route answers 400
+    naming the limit and the flag."""
+    text = "hello " * 3000  # 3001 tokens, 18 KB
     app = real_app(engine={"max_seq_len": None, "max_batch_size": 1})
     with caplog.at_level(logging.INFO, logger="infer.server"):
         async with (
