@@ -21,6 +21,15 @@ from infer.engine.sampler import (
 )
 from support.reference import apply_top_k, apply_top_p, sampling_probs
 
+
+@pytest.fixture(autouse=True, params=kernels.runnable_isas())
+def target(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test here on each kernel target this CPU runs: its own, and the AVX2 builds
+    laptops run (whose sampling kernel takes the portable path)."""
+    monkeypatch.setattr(kernels, "ops", lambda: kernels.ops_for(request.param))
+    return str(request.param)
+
+
 GREEDY = SamplingParams(temperature=0.0)
 V = 32
 
