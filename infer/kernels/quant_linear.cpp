@@ -126,7 +126,7 @@ struct V {
   // x's first 16 values as float
   static F loadx(const float* p) { return _mm512_loadu_ps(p); }
   static F loadx(const c10::BFloat16* p) { return load_bf16(p, 0xFFFF); }
-  static float max_abs(F a) { return _mm512_reduce_max_ps(a); }
+  static float hmax(F a) { return _mm512_reduce_max_ps(a); }  // the largest lane
   static F absf(F a) { return _mm512_abs_ps(a); }
   static F maxf(F a, F b) { return _mm512_max_ps(a, b); }
   // round to nearest even; store as int8 (|v| <= 127) and return the lanes' sum
@@ -215,7 +215,7 @@ struct V {
     return _mm256_castsi256_ps(_mm256_slli_epi32(
         _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
   }
-  static float max_abs(F a) {
+  static float hmax(F a) {  // the largest lane
     __m128 m = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
     m = _mm_max_ps(m, _mm_movehl_ps(m, m));
     m = _mm_max_ss(m, _mm_movehdup_ps(m));
@@ -312,7 +312,7 @@ void quantize_rows(const T* x, int64_t rows, int64_t k, int64_t group, int64_t p
       const int64_t k0 = sp * per * group, k1 = std::min(k, k0 + per * group);
       VF amax = V::zerof();
       for (int64_t i = k0; i < k1; i += kW) amax = V::maxf(amax, V::absf(V::loadx(xr + i)));
-      const float m = V::max_abs(amax);
+      const float m = V::hmax(amax);
       const float d = m / 127.0f;
       const VF inv = V::set1f(m > 0.0f ? 127.0f / m : 0.0f);
       out.d[r * out.spans + sp] = d;
