@@ -38,8 +38,8 @@ class EngineConfig:
             or ``float32``.
         weights: Linear weights ``auto`` (a GGUF file's quantization kept, a safetensors
             model's dtype), ``bf16`` (dequantized to ``dtype``), or ``int8``/``int4``
-            (quantized at load in groups of 32). Quantized weights need AVX512-VNNI; elsewhere
-            they are dequantized.
+            (quantized at load in groups of 32). Quantized weights need AVX2; elsewhere they
+            are dequantized.
         device: Torch device string.
         max_seq_len: Longest prompt + completion a request may have (``None``: the
             model's context, or what the KV cache holds where that is less). A longer one

@@ -4,7 +4,7 @@ On a CPU with AVX512-BF16, bf16 weights go through our kernel (``infer/kernels/l
 elsewhere oneDNN holds them pre-packed, where this torch has its (private) packed-linear ops;
 otherwise they stay ``nn.Linear`` (``F.linear`` on the plain weight). Quantized weights
 (a GGUF file's, or ``--weights int8/int4``) stay quantized in :class:`QuantLinear` on a CPU with
-AVX512-VNNI (``infer/kernels/quant_linear.cpp``), and are dequantized at load elsewhere.
+AVX2 (``infer/kernels/quant_linear.cpp``), and are dequantized at load elsewhere.
 """
 
 from __future__ import annotations
