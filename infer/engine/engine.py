@@ -66,7 +66,6 @@ class Engine:
         # The config from here on has max_seq_len set; `cache_size` says what set it.
         config = dataclasses.replace(config, max_seq_len=size.max_seq_len)
         self.config = config
-        self.max_seq_len = size.max_seq_len
         self.cache_size = size
         self.model = model
         self.tokenizer = tokenizer
@@ -155,6 +154,11 @@ class Engine:
         if isinstance(prediction, str):
             return list(self.tokenizer.encode(prediction, add_special_tokens=False))
         return list(prediction)
+
+    @property
+    def max_seq_len(self) -> int:
+        """Longest prompt + completion a request may have (what ``cache_size`` settled)."""
+        return self.cache_size.max_seq_len
 
     @property
     def seq_len_source(self) -> str:
