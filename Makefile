@@ -26,9 +26,13 @@ $(CHROMIUM):
 	DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends chromium
 
 # Tests share the 2 cores with their own servers and clients: no spinning at all.
+# The suite waits about as much as it computes (servers starting, clients, streams), so two
+# workers run its files side by side; each file runs whole on one worker, so a module's
+# fixtures (a bench report, a loaded reference) are built once.
+TEST_WORKERS ?= 2
 test: export GOMP_SPINCOUNT ?= 0
 test: $(STAMP) $(CHROMIUM)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 serve: $(STAMP)
 	$(BIN)/infer serve --host 127.0.0.1 --port 8000

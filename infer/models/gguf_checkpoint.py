@@ -1,10 +1,11 @@
 """GGUF files (llama.cpp's format) read as Hugging Face checkpoints.
 
 Tensors are read one at a time from a memory map (:mod:`infer.models.gguf_file`), kept
-quantized (:mod:`infer.models.quant`) or dequantized with the ``gguf`` package, and renamed
-to Hugging Face names; llama.cpp's permutation of Llama q/k rows (for its rope layout) is
-undone; the config comes from the file's metadata and the tokenizer from transformers' GGUF
-support (cached after the first load).
+quantized (:mod:`infer.models.quant`) or dequantized (through the same decoding, or with the
+``gguf`` package for the types that module does not hold), and renamed to Hugging Face
+names; llama.cpp's permutation of Llama q/k rows (for its rope layout) is undone; the config
+comes from the file's metadata and the tokenizer from transformers' GGUF support (cached
+after the first load).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from gguf.quants import dequantize
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from infer.models import quant
-from infer.models.config import eos_token_ids
+from infer.models.config import eos_token_ids, load_tokenizer
 from infer.models.derived_files import cache_dir, file_key
 from infer.models.errors import LoadError
 from infer.models.gguf_file import GGUFFile, GGUFTensor
@@ -114,7 +115,7 @@ class GGUFCheckpoint:
         saved = cache_dir() / "tokenizers" / file_key(self.path)
         if (saved / "tokenizer_config.json").is_file():
             try:
-                return AutoTokenizer.from_pretrained(saved)
+                return load_tokenizer(saved)
             except Exception:  # a damaged cache: build it again
                 pass
         try:
@@ -171,8 +172,12 @@ class GGUFCheckpoint:
         return quant.rows(w, _unpermute_rope_rows(torch.arange(w.shape[0]), heads))
 
     def _tensor(self, t: GGUFTensor) -> torch.Tensor:
-        w = torch.from_numpy(np.array(dequantize(t.data, t.tensor_type), dtype=np.float32))
-        w = w.reshape(_torch_shape(t))
+        kept = quant.from_gguf(t.tensor_type, t.data, _torch_shape(t))
+        if kept is not None:  # the same numbers as gguf's dequantize, in a fraction of the time
+            w = kept.dequantize()
+        else:
+            w = torch.from_numpy(np.array(dequantize(t.data, t.tensor_type), dtype=np.float32))
+            w = w.reshape(_torch_shape(t))
         if self.arch == "llama" and t.name.endswith((".attn_q.weight", ".attn_q.bias")):
             w = _unpermute_rope_rows(w, self.config["num_attention_heads"])
         elif self.arch == "llama" and t.name.endswith((".attn_k.weight", ".attn_k.bias")):

@@ -23,7 +23,7 @@ from huggingface_hub.errors import (
     RepositoryNotFoundError,
 )
 from safetensors import SafetensorError, safe_open
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
 from infer.models.base import CausalLM
 from infer.models.config import (
@@ -32,6 +32,7 @@ from infer.models.config import (
     WEIGHTS_NAME,
     ModelConfig,
     eos_token_ids,
+    load_tokenizer,
 )
 from infer.models.default import DEFAULT_MODEL_NAME, ensure_default_model
 from infer.models.errors import LoadError
@@ -275,7 +276,7 @@ def _open_safetensors(file: Path) -> Any:
 
 def _load_tokenizer(path: Path) -> PreTrainedTokenizerBase:
     try:
-        return AutoTokenizer.from_pretrained(path)
+        return load_tokenizer(path)
     except Exception as e:  # missing files, bad JSON, missing sentencepiece: all one story
         raise LoadError.caused_by(f"cannot load the tokenizer from {path}", e) from e
 

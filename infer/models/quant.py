@@ -59,9 +59,14 @@ class QuantTensor:
         g, s = self.group, self.supers_every
         d = self.d.float().repeat_interleave(s, dim=1)[:, : k // g]
         m = self.m.float().repeat_interleave(s, dim=1)[:, : k // g]
-        scale = (d * self.scale.float()).repeat_interleave(g, dim=1)
-        offset = (m * self.offset.float()).repeat_interleave(g, dim=1)
-        return (scale * self.u.float() - offset).to(dtype)
+        scale = (d * self.scale.float())[:, :, None]  # per group, broadcast over its weights
+        offset = (m * self.offset.float())[:, :, None]
+        out = torch.empty(n, k, dtype=dtype)
+        step = max(1, _CHUNK // k)  # a few MB of rows at a time: the temporaries stay in cache
+        for r in range(0, n, step):
+            u = self.u[r : r + step].view(-1, k // g, g).float()
+            out[r : r + step] = (scale[r : r + step] * u - offset[r : r + step]).view(-1, k)
+        return out
 
 
 def concat(parts: list[QuantTensor]) -> QuantTensor:

@@ -34,6 +34,12 @@ def gguf_path() -> Path:
     return assemble(NAME)
 
 
+@pytest.fixture(scope="module")
+def dequantized(gguf_path: Path) -> LoadedModel:
+    """The file's weights dequantized (to bfloat16), run in float32."""
+    return load_model(str(gguf_path), dtype=torch.float32, weights="bf16")
+
+
 def _prompt(loaded: LoadedModel) -> list[int]:
     text = loaded.tokenizer.apply_chat_template(CHAT, add_generation_prompt=True, tokenize=False)
     return loaded.tokenizer.encode(text, add_special_tokens=False)
@@ -41,9 +47,9 @@ def _prompt(loaded: LoadedModel) -> list[int]:
 
 @torch.inference_mode()
 def test_qwen2_gguf_logits_match_transformers(
-    gguf_path: Path, qwen_model: LoadedModel, transformers_reference
+    gguf_path: Path, dequantized: LoadedModel, qwen_model: LoadedModel, transformers_reference
 ) -> None:
-    ours = load_model(str(gguf_path), dtype=torch.float32, weights="bf16")
+    ours = dequantized
     config = ours.model.config
     # The real model's shapes: 14 query heads over 2 KV heads, biases on q/k/v only.
     heads = (config.num_attention_heads, config.num_key_value_heads)
@@ -60,14 +66,14 @@ def test_qwen2_gguf_logits_match_transformers(
 @pytest.mark.skipif(not kernels.has_quant(), reason="no AVX2: weights are dequantized")
 @torch.inference_mode()
 def test_quantized_weights_agree_with_the_dequantized_model(
-    gguf_path: Path, qwen_model: LoadedModel
+    dequantized: LoadedModel, qwen_model: LoadedModel
 ) -> None:
     model = qwen_model.model
     layer = model.model.layers[0]
     assert isinstance(layer.self_attn.qkv_proj, QuantLinear)
     assert isinstance(layer.mlp.gate_up_proj, QuantGatedLinear)
     assert model.decode_stack is not None  # decode steps still run as one kernel call
-    dense = load_model(str(gguf_path), weights="bf16").model
+    dense = dequantized.model
     ids = qwen_model.tokenizer.encode(SOURCE_TEXT[:2000], add_special_tokens=False)[:384]
     x, pos = torch.tensor([ids]), torch.arange(len(ids))[None]
     q_logits = model(x, pos).logits[0, :-1].float()
