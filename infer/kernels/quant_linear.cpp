@@ -71,6 +71,7 @@ enum Mode : int { kPerGroup = 0, kUnit = 1, kSpan = 2 };
 // The vector operations a tile uses, on 16 lanes.
 struct V {
   static constexpr int64_t kWidth = 16;
+  static constexpr bool kPairs16 = false;  // dot() is one instruction: no int16 pair sums
   using I = __m512i;
   using F = __m512;
   static I zero() { return _mm512_setzero_si512(); }
@@ -83,7 +84,6 @@ struct V {
   static I srli16(I a, unsigned n) { return _mm512_srli_epi16(a, n); }
   static I slli16(I a, unsigned n) { return _mm512_slli_epi16(a, n); }
   static I add(I a, I b) { return _mm512_add_epi32(a, b); }
-  static I mullo(I a, I b) { return _mm512_mullo_epi32(a, b); }
   // acc + the sums of four u8 x s8 products per lane, exact
   template <int Bits>
   static I dot(I acc, I u, I x) {
@@ -91,6 +91,10 @@ struct V {
   }
   // acc + the sums of two s16 x s16 products per lane
   static I dot16(I acc, I a, I b) { return _mm512_dpwssd_epi32(acc, a, b); }
+  // unused here (kPairs16): the 8-lane trait's int16 pair sums, for one group_dots()
+  static I pairs16(I u, I x) { return _mm512_maddubs_epi16(u, x); }
+  static I add16(I a, I b) { return _mm512_add_epi16(a, b); }
+  static I widen16(I a) { return _mm512_madd_epi16(a, _mm512_set1_epi16(1)); }
   // 16 int8 as int32 lanes
   static I int8(const int8_t* p) {
     return _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
@@ -140,6 +144,13 @@ struct V {
 // The same operations on 8 lanes: AVX2, with AVX-VNNI's dot products where the CPU has them.
 struct V {
   static constexpr int64_t kWidth = 8;
+#if defined(__AVXVNNI__)
+  static constexpr bool kPairs16 = false;
+#else
+  // dot() is VPMADDUBSW, VPMADDWD and VPADDD: a group of 4-bit weights adds VPMADDUBSW's int16
+  // pair sums (pairs16, add16) and widens them once (widen16), see group_dots().
+  static constexpr bool kPairs16 = true;
+#endif
   using I = __m256i;
   using F = __m256;
   static I zero() { return _mm256_setzero_si256(); }
@@ -152,7 +163,6 @@ struct V {
   static I srli16(I a, unsigned n) { return _mm256_srli_epi16(a, n); }
   static I slli16(I a, unsigned n) { return _mm256_slli_epi16(a, n); }
   static I add(I a, I b) { return _mm256_add_epi32(a, b); }
-  static I mullo(I a, I b) { return _mm256_mullo_epi32(a, b); }
   template <int Bits>
   static I dot(I acc, I u, I x) {
 #if defined(__AVXVNNI__)
@@ -173,6 +183,9 @@ struct V {
     }
 #endif
   }
+  static I pairs16(I u, I x) { return _mm256_maddubs_epi16(u, x); }
+  static I add16(I a, I b) { return _mm256_add_epi16(a, b); }
+  static I widen16(I a) { return _mm256_madd_epi16(a, _mm256_set1_epi16(1)); }
   static I dot16(I acc, I a, I b) {
 #if defined(__AVXVNNI__)
     return _mm256_dpwssd_avx_epi32(acc, a, b);
@@ -383,6 +396,42 @@ inline void group_dots(const Unit* u, int64_t g, const int32_t* const* xq, VI (&
     for (int64_t line = 0; line < kGroupBytes; line += 64)
       _mm_prefetch(reinterpret_cast<const char*>(qg[c]) + line + kAhead, _MM_HINT_T1);
   }
+  if constexpr (V::kPairs16 && Bits == 4) {
+    // A 4-bit weight times a quantized x is at most 15 * 127, so a VPMADDUBSW pair sum is at
+    // most 3810 and a group's (at most 8 steps) at most 30480: it adds in int16, exact, and
+    // widens to int32 once, one VPMADDWD a group instead of one a step.
+    static_assert(kSteps * 2 * 15 * 127 <= 32767, "a group's pair sums must fit in int16");
+    VI sums[R][C];
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c) sums[r][c] = V::zero();
+    // Two steps a pass (one load holds both's nibbles). A tile of several rows is not
+    // unrolled further: with every step's weights unpacked ahead, 16 registers spill.
+    const VI nib = V::set1_8(0x0F);
+    auto pass = [&](int st) {
+      VI lo[C], hi[C];
+      for (int c = 0; c < C; ++c) {
+        const VI v = V::load(qg[c] + (st >> 1) * 64);
+        lo[c] = V::and_(v, nib);
+        hi[c] = V::and_(V::srli16(v, 4), nib);
+      }
+      for (int r = 0; r < R; ++r) {
+        const VI x0 = V::set1(xq[r][g * kSteps + st]);
+        for (int c = 0; c < C; ++c) sums[r][c] = V::add16(sums[r][c], V::pairs16(lo[c], x0));
+        const VI x1 = V::set1(xq[r][g * kSteps + st + 1]);
+        for (int c = 0; c < C; ++c) sums[r][c] = V::add16(sums[r][c], V::pairs16(hi[c], x1));
+      }
+    };
+    if constexpr (R == 1) {
+#pragma GCC unroll 8
+      for (int st = 0; st < kSteps; st += 2) pass(st);
+    } else {
+#pragma GCC unroll 1
+      for (int st = 0; st < kSteps; st += 2) pass(st);
+    }
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c) dot[r][c] = V::widen16(sums[r][c]);
+    return;
+  }
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) dot[r][c] = V::zero();
   // unrolled, so that each step's nibble and shift are constants
@@ -401,8 +450,8 @@ inline void group_dots(const Unit* u, int64_t g, const int32_t* const* xq, VI (&
 //
 // Per group (kPerGroup, kUnit; x has a scale per group): acc += d_a*D*s*dot - M*o*d_a*sum(q_a),
 // four float operations per row and unit, on the pipes the dot products use. kSpan (x scaled
-// per span of groups within a superblock): per group only S += s*dot in int32 (a multiply and
-// an add), and once per span acc += d_a*(D*S - M*sum_g o*sum(q_a)), that sum by 16-bit dot
+// per span of groups within a superblock): per group only S += s*dot in float (a conversion
+// and a fused multiply-add; VPMULLD in int32 was slower), and once per span acc += d_a*(D*S - M*sum_g o*sum(q_a)), that sum by 16-bit dot
 // products over pairs of groups.
 template <int Bits, int G, int R, int C, int Mode>
 void tile(const Layout& l, const Unit* u, const QuantX& x, int64_t r0, const Out& o) {
@@ -422,20 +471,17 @@ void tile(const Layout& l, const Unit* u, const QuantX& x, int64_t r0, const Out
     if constexpr (Mode == kSpan) {
       for (int64_t p0 = s0; p0 < g1; p0 += x.per) {  // the spans of this superblock
         const int64_t p1 = std::min(g1, p0 + x.per);
-        VI isum[R][C];
+        VF sum[R][C];
         for (int r = 0; r < R; ++r)
-          for (int c = 0; c < C; ++c) isum[r][c] = V::zero();
+          for (int c = 0; c < C; ++c) sum[r][c] = V::zerof();
         for (int64_t g = p0; g < p1; ++g) {
           VI dot[R][C];
           group_dots<Bits, G, R, C>(u, g, xq, dot);
           for (int c = 0; c < C; ++c) {
-            const VI sv = V::int8(u[c].sc + g * l.sc_group);
-            for (int r = 0; r < R; ++r) isum[r][c] = V::add(isum[r][c], V::mullo(dot[r][c], sv));
+            const VF sv = V::tof(V::int8(u[c].sc + g * l.sc_group));
+            for (int r = 0; r < R; ++r) sum[r][c] = V::fmadd(V::tof(dot[r][c]), sv, sum[r][c]);
           }
         }
-        VF sum[R][C];
-        for (int r = 0; r < R; ++r)
-          for (int c = 0; c < C; ++c) sum[r][c] = V::tof(isum[r][c]);
         // sum_g o * sum(q_a), two groups per 16-bit dot: each lane's (o_g, o_g+1) as a pair
         VI mins[R][C];
         for (int r = 0; r < R; ++r)
