@@ -1,7 +1,7 @@
 """One load, several rounds, systems in alternating order: a ratio this noisy machine can hold.
 
     python bench/rounds.py --model qwen2.5-coder-1.5b --systems infer-continuous,llama.cpp \
-        --workload w1 --rounds 6 [--temperature 0.7 --top-p 0.9] [--out FILE.md]
+        --workload w1 --rounds 6 [--scale quick] [--temperature 0.7 --top-p 0.9] [--out FILE.md]
 
 Each round is one ``infer bench`` run of the one workload on every system (each server
 started afresh); odd rounds run the systems in reverse order, so a slow minute of the machine
@@ -28,6 +28,7 @@ def main() -> int:
     p.add_argument("--systems", default="infer-continuous,llama.cpp")
     p.add_argument("--workload", default="w1")
     p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--scale", default="full", help="infer bench's --scale (full, quick, smoke)")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--out", type=Path, help="also write the table here (Markdown)")
@@ -40,6 +41,7 @@ def main() -> int:
         out = scratch / f"round{i}"
         command = [sys.executable, "-m", "infer", "bench", "--model", args.model]
         command += ["--systems", ",".join(order), "--workloads", args.workload]
+        command += ["--scale", args.scale]
         command += ["--out", str(out), "--no-progress"]
         if args.temperature > 0:
             command += ["--temperature", str(args.temperature), "--top-p", str(args.top_p)]
@@ -80,7 +82,7 @@ def _table(
         head += [f"{s} tok/s", "ITL p50 ms", "TTFT p50 ms"]
     head += [f"{first} ÷ {s}" for s in others]
     lines = [
-        f"{args.model}, {args.workload}, {mode}, {len(rows)} rounds",
+        f"{args.model}, {args.workload} ({args.scale}), {mode}, {len(rows)} rounds",
         "",
         "Rerun: `python bench/rounds.py " + " ".join(sys.argv[1:]) + "`",
         "",
