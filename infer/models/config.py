@@ -1,15 +1,10 @@
 """A normalized model configuration built from a checkpoint's ``config.json``, the names of
-the files a model directory holds, the end-of-sequence ids its configs name, and its
-tokenizer."""
+the files a model directory holds, and the end-of-sequence ids its configs name."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
-
-from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 SUPPORTED_ARCHITECTURES = (
     "LlamaForCausalLM",
@@ -30,27 +25,6 @@ _MODEL_TYPES = {
 CONFIG_NAME = "config.json"
 GENERATION_CONFIG_NAME = "generation_config.json"
 WEIGHTS_NAME = "model.safetensors"
-
-
-def load_tokenizer(folder: Path) -> PreTrainedTokenizerBase:
-    """The tokenizer saved in ``folder``.
-
-    A ``tokenizer.json`` that its ``tokenizer_config.json`` says is a plain fast tokenizer
-    (what transformers writes for the tokenizers infer converts) is read as one directly:
-    ``AutoTokenizer`` would first build the model's config class, whose import costs more
-    than a second of every server's start. Any other folder goes through ``AutoTokenizer``.
-    """
-    try:
-        declared = json.loads((folder / "tokenizer_config.json").read_text()).get("tokenizer_class")
-    except (OSError, ValueError, AttributeError):
-        declared = None
-    if declared in _FAST_TOKENIZERS and (folder / "tokenizer.json").is_file():
-        return PreTrainedTokenizerFast.from_pretrained(folder)
-    return AutoTokenizer.from_pretrained(folder)
-
-
-# What tokenizer_config.json names a tokenizer read from tokenizer.json alone.
-_FAST_TOKENIZERS = ("TokenizersBackend", "PreTrainedTokenizerFast")
 
 
 def eos_token_ids(*sources: int | list[int] | None) -> list[int]:

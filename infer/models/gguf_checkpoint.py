@@ -21,11 +21,12 @@ from gguf.quants import dequantize
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from infer.models import quant
-from infer.models.config import eos_token_ids, load_tokenizer
+from infer.models.config import eos_token_ids
 from infer.models.derived_files import cache_dir, file_key
 from infer.models.errors import LoadError
 from infer.models.gguf_file import GGUFFile, GGUFTensor
 from infer.models.quant import QuantTensor
+from infer.models.tokenizer import load_tokenizer
 
 # GGUF architecture -> Hugging Face architecture.
 GGUF_ARCHITECTURES = {

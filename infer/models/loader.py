@@ -32,7 +32,6 @@ from infer.models.config import (
     WEIGHTS_NAME,
     ModelConfig,
     eos_token_ids,
-    load_tokenizer,
 )
 from infer.models.default import DEFAULT_MODEL_NAME, ensure_default_model
 from infer.models.errors import LoadError
@@ -40,6 +39,7 @@ from infer.models.gguf_checkpoint import GGUFCheckpoint
 from infer.models.packaged import PACKAGED_MODELS, assemble
 from infer.models.quant import QuantTensor, quantize
 from infer.models.registry import create_model
+from infer.models.tokenizer import load_tokenizer
 
 DEFAULT_SOURCE = "default"
 WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
