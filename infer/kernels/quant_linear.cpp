@@ -406,13 +406,11 @@ inline void group_dots(const Unit* u, int64_t g, const int32_t* const* xq, VI (&
       for (int c = 0; c < C; ++c) sums[r][c] = V::zero();
     // Two steps a pass (one load holds both's nibbles). A tile of several rows is not
     // unrolled further: with every step's weights unpacked ahead, 16 registers spill.
-    const VI nib = V::set1_8(0x0F);
     auto pass = [&](int st) {
       VI lo[C], hi[C];
       for (int c = 0; c < C; ++c) {
-        const VI v = V::load(qg[c] + (st >> 1) * 64);
-        lo[c] = V::and_(v, nib);
-        hi[c] = V::and_(V::srli16(v, 4), nib);
+        lo[c] = weights<Bits>(qg[c], st);
+        hi[c] = weights<Bits>(qg[c], st + 1);
       }
       for (int r = 0; r < R; ++r) {
         const VI x0 = V::set1(xq[r][g * kSteps + st]);
@@ -451,8 +449,9 @@ inline void group_dots(const Unit* u, int64_t g, const int32_t* const* xq, VI (&
 // Per group (kPerGroup, kUnit; x has a scale per group): acc += d_a*D*s*dot - M*o*d_a*sum(q_a),
 // four float operations per row and unit, on the pipes the dot products use. kSpan (x scaled
 // per span of groups within a superblock): per group only S += s*dot in float (a conversion
-// and a fused multiply-add; VPMULLD in int32 was slower), and once per span acc += d_a*(D*S - M*sum_g o*sum(q_a)), that sum by 16-bit dot
-// products over pairs of groups.
+// and a fused multiply-add, where VPMULLD would take two uops of the dot products' port), and
+// once per span acc += d_a*(D*S - M*sum_g o*sum(q_a)), that sum by 16-bit dot products over
+// pairs of groups.
 template <int Bits, int G, int R, int C, int Mode>
 void tile(const Layout& l, const Unit* u, const QuantX& x, int64_t r0, const Out& o) {
   VF acc[R][C];
