@@ -33,6 +33,9 @@ inline void configure_tiles(std::initializer_list<std::pair<int, int>> shapes) {
     cfg.rows[t] = static_cast<uint8_t>(rows);
     cfg.colsb[t++] = static_cast<uint16_t>(bytes);
   }
+  // GCC's _tile_loadconfig tells the compiler it reads 8 bytes of the configuration, which
+  // lets it drop the stores of the shapes: make them all happen first.
+  asm volatile("" : : "r"(&cfg) : "memory");
   _tile_loadconfig(&cfg);
 }
 #endif
