@@ -56,6 +56,7 @@ constexpr int64_t kHeader = 128;          // bytes
 constexpr int64_t kLanes = 16;            // columns per block of the packed layout
 constexpr int64_t kCols = 2;              // 16-column blocks per work item
 constexpr int64_t kRows = 4;              // rows per tile
+constexpr int64_t kWideRows = 8;          // rows per tile of one unit (6-bit weights, 16 lanes)
 constexpr int64_t kRowBlock = 64;         // rows per pass over the weights
 // How far ahead of its loads a tile prefetches its weights (bytes). A tile's columns are
 // contiguous streams of a few KB, too short for the hardware prefetcher to ramp up.
@@ -559,6 +560,8 @@ void tile(const Layout& l, const Unit* u, const QuantX& x, int64_t r0, const Out
 template <int Bits, int G, int C, int Mode>
 void rows_tile(int64_t rows, const Layout& l, const Unit* u, const QuantX& x, int64_t r0,
                const Out& o) {
+  if constexpr (C == 1 && Bits == 6 && kW == 16)
+    if (rows == 8) return tile<Bits, G, 8, C, Mode>(l, u, x, r0, o);
   switch (rows) {
     case 4: return tile<Bits, G, 4, C, Mode>(l, u, x, r0, o);
     case 3: return tile<Bits, G, 3, C, Mode>(l, u, x, r0, o);
@@ -639,6 +642,9 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight,
     return Unit{l.q + blk * l.q_block + half * kW * 4, l.sc + blk * l.sc_block + half * kW,
                 l.sup + blk * l.sup_block + half * kW};
   };
+  // 6-bit weights on 16 lanes, whose unpacking costs the most, go one unit a pass in tiles of
+  // kWideRows rows where there are that many: each weight vector unpacked feeds twice the rows.
+  const int64_t per_pass = kW == 16 && l.bits == 6 && rows >= kWideRows ? 1 : 2;  // not gated
   auto work = [&](int64_t i, int64_t) {
     const int64_t t = i % items, rb = i / items;
     const int64_t b0 = t * kCols, nblocks = std::min(kCols, blocks - b0);
@@ -646,13 +652,14 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight,
     // Passes of up to two units: a gated item pairs each gate unit with its up unit (the
     // next block's, at the same offset); else each pass takes consecutive units.
     const int64_t units = nblocks * kHalves;
-    for (int64_t pass = 0; pass < (act == kNone ? (units + 1) / 2 : kHalves); ++pass) {
+    for (int64_t pass = 0; pass < (act == kNone ? (units + per_pass - 1) / per_pass : kHalves);
+         ++pass) {
       Unit u[2];
       int64_t n = 0, col = 0;
       if (act == kNone) {
-        for (int64_t j = 2 * pass; j < std::min(units, 2 * pass + 2); ++j)
+        for (int64_t j = per_pass * pass; j < std::min(units, per_pass * pass + per_pass); ++j)
           u[n++] = unit(b0 + j / kHalves, j % kHalves);
-        col = b0 * kLanes + 2 * pass * kW;
+        col = b0 * kLanes + per_pass * pass * kW;
       } else {
         u[n++] = unit(b0, pass);
         u[n++] = unit(b0 + 1, pass);
@@ -661,8 +668,12 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight,
       const int64_t in_col = act == kNone ? col : b0 * kLanes + pass * kW;
       Out o{static_cast<char*>(out.data_ptr()) + col * elem, width, out_float,
             b.defined() ? b.data_ptr<float>() + in_col : nullptr, act};
-      for (int64_t r = rb * kRowBlock; r < r1; r += kRows)
-        run_tile(std::min(kRows, r1 - r), l, u, n, qx, r, o);
+      for (int64_t r = rb * kRowBlock; r < r1;) {
+        const int64_t t = n == 1 && per_pass == 1 && r1 - r >= kWideRows ? kWideRows
+                                                                          : std::min(kRows, r1 - r);
+        run_tile(t, l, u, n, qx, r, o);
+        r += t;
+      }
     }
   };
   parallel_owned(items * row_blocks, work);
