@@ -26,6 +26,9 @@
 // keeps its accumulators in registers across K, so each weight load feeds R rows. Every row
 // is computed the same way whatever else is in the call: results do not depend on the batch.
 //
+// Where the CPU has AMX, Q4_K calls of 32 rows or more take their integer sums from AMX tiles
+// instead (amx_rows): the same numbers by another road, see there.
+//
 // Each 32-bit lane holds one column's sums, so the arithmetic never crosses lanes: a vector
 // of 8 lanes (AVX2) computes each column with the same operations, in the same order, as one
 // of 16 (AVX512), and both builds give the same bits. On 256 bits a tile's unit is half a
@@ -48,6 +51,10 @@
 
 #ifdef INFER_QUANT_BITS
 #include <immintrin.h>
+
+#if INFER_QUANT_BITS == 512 && defined(INFER_AMX) && defined(__AMX_INT8__)
+#define INFER_QUANT_AMX 1
+#endif
 
 namespace {
 
@@ -78,6 +85,7 @@ struct V {
   static I zero() { return _mm512_setzero_si512(); }
   static F zerof() { return _mm512_setzero_ps(); }
   static I load(const uint8_t* p) { return _mm512_loadu_si512(p); }
+  static void storei(void* p, I v) { _mm512_storeu_si512(p, v); }
   static I set1(int32_t v) { return _mm512_set1_epi32(v); }
   static I set1_8(char v) { return _mm512_set1_epi8(v); }
   static I and_(I a, I b) { return _mm512_and_si512(a, b); }
@@ -445,6 +453,30 @@ inline void group_dots(const Unit* u, int64_t g, const int32_t* const* xq, VI (&
   }
 }
 
+// Output row `row` of a tile's C units from their sums: bias, then the gated activation or
+// the plain columns.
+template <int C>
+inline void put_row(const Out& o, int64_t row, const VF* acc) {
+  auto put = [&](int64_t col, VF v) {
+    if (o.out_float) {
+      V::store(static_cast<float*>(o.p) + row * o.ldo + col, v);
+    } else {
+      V::store(static_cast<c10::BFloat16*>(o.p) + row * o.ldo + col, v);
+    }
+  };
+  if (o.act != kNone) {  // unit 0 the gate, unit 1 its up (16 columns further in the weight)
+    const VF bg = o.bias ? V::loadf(o.bias) : V::zerof();
+    const VF bu = o.bias ? V::loadf(o.bias + kLanes) : V::zerof();
+    const VF gt = V::addf(acc[0], bg);
+    put(0, V::mul(o.act == kSilu ? V::silu(gt) : V::gelu(gt), V::addf(acc[C - 1], bu)));
+    return;
+  }
+  for (int c = 0; c < C; ++c) {
+    const VF b = o.bias ? V::loadf(o.bias + c * kW) : V::zerof();
+    put(c * kW, V::addf(acc[c], b));
+  }
+}
+
 // Rows [0, R) x the C units; x rows from `r0`, output rows from `r0`.
 //
 // Per group (kPerGroup, kUnit; x has a scale per group): acc += d_a*D*s*dot - M*o*d_a*sum(q_a),
@@ -534,27 +566,7 @@ void tile(const Layout& l, const Unit* u, const QuantX& x, int64_t r0, const Out
       }
     }
   }
-  auto put = [&](int64_t row, int64_t col, VF v) {
-    if (o.out_float) {
-      V::store(static_cast<float*>(o.p) + row * o.ldo + col, v);
-    } else {
-      V::store(static_cast<c10::BFloat16*>(o.p) + row * o.ldo + col, v);
-    }
-  };
-  for (int r = 0; r < R; ++r) {
-    const int64_t row = r0 + r;
-    if (o.act != kNone) {  // unit 0 the gate, unit 1 its up (16 columns further in the weight)
-      const VF bg = o.bias ? V::loadf(o.bias) : V::zerof();
-      const VF bu = o.bias ? V::loadf(o.bias + kLanes) : V::zerof();
-      const VF gt = V::addf(acc[r][0], bg);
-      put(row, 0, V::mul(o.act == kSilu ? V::silu(gt) : V::gelu(gt), V::addf(acc[r][1], bu)));
-      continue;
-    }
-    for (int c = 0; c < C; ++c) {
-      const VF b = o.bias ? V::loadf(o.bias + c * kW) : V::zerof();
-      put(row, c * kW, V::addf(acc[r][c], b));
-    }
-  }
+  for (int r = 0; r < R; ++r) put_row<C>(o, r0 + r, acc[r]);
 }
 
 template <int Bits, int G, int C, int Mode>
@@ -599,6 +611,152 @@ void run_tile(int64_t rows, const Layout& l, const Unit* u, int64_t units, const
   return run_tile<8, 16>(rows, l, u, units, x, r0, o);
 }
 
+#ifdef INFER_QUANT_AMX
+// AMX for Q4_K (Intel since Sapphire Rapids), 16 rows at a time. TDPBSUD multiplies 16 rows
+// of 64 int8 x's by 64 k's of 16 columns of unsigned bytes in the VNNI order the packed
+// weights have, accumulating int32 in a tile. A group's scale s is applied before it: per
+// span (a superblock, 256 k's) the unit's weights become u * s (at most 15 * 63 = 945),
+// held as two byte planes, lo = u*s & 63 and hi = u*s >> 6, so that
+//   S = sum_g s * sum(u q_a) = 64 * sum(hi q_a) + sum(lo q_a)
+// is exact in int32 after eight products of 64 k's, with no work per group. The rest is the
+// kSpan tile's: acc += d_a * (D * S - M * sum_g o * sum(q_a)), so the outputs are the vector
+// tile's whenever its float sum of s * dot over a span is exact (below 2^24 in magnitude,
+// as a span's sums are unless nearly every x and u of it is at its largest).
+constexpr int64_t kAmxRows = 16;
+constexpr int64_t kAmxSpan = 256;  // k's per span: Q4_K's superblock
+// Rows a pass needs for AMX: below, scaling the weights costs more than the tiles save. A
+// call of many rows goes in passes of more rows than the vector tiles', for the same reason.
+constexpr int64_t kAmxLeast = 32;
+constexpr int64_t kAmxRowBlock = 256;
+
+bool amx_fits(const Layout& l, const QuantX& x) {
+  return l.bits == 4 && l.group == 32 && l.supers_every == 8 && x.per == 8 &&
+         l.sc_group == 2 * kLanes && l.k % kAmxSpan == 0;
+}
+
+// A unit's u * s as two byte planes (steps of 64 bytes, as the packed layout): every span.
+void amx_scale(const Layout& l, const Unit& u, uint8_t* lo, uint8_t* hi) {
+  const __m512i even = _mm512_set1_epi16(0x00FF), low6 = _mm512_set1_epi16(0x003F);
+  for (int64_t g = 0; g < l.groups; ++g) {
+    // s of each of the 16 columns in the four bytes of its lane, kept in even or odd bytes
+    const __m512i s = _mm512_mullo_epi32(V::int8(u.sc + g * l.sc_group),
+                                         _mm512_set1_epi32(0x01010101));
+    const __m512i s_even = _mm512_and_si512(s, even), s_odd = _mm512_andnot_si512(even, s);
+    for (int st = 0; st < 8; ++st) {  // the group's steps
+      const int64_t step = g * 8 + st;
+      const __m512i w = weights<4>(u.q + g * 8 * 32, st);
+      // u * s of the even bytes, and of the odd ones, as int16 (VPMADDUBSW with a zero partner)
+      const __m512i ve = _mm512_maddubs_epi16(w, s_even), vo = _mm512_maddubs_epi16(w, s_odd);
+      const __m512i l6 = _mm512_or_si512(_mm512_and_si512(ve, low6),
+                                         _mm512_slli_epi16(_mm512_and_si512(vo, low6), 8));
+      const __m512i h4 = _mm512_or_si512(_mm512_srli_epi16(ve, 6),
+                                         _mm512_slli_epi16(_mm512_srli_epi16(vo, 6), 8));
+      V::storei(lo + step * 64, l6);
+      V::storei(hi + step * 64, h4);
+    }
+  }
+}
+
+// Rows [r0, r0 + 16) x the C units (scaled by amx_scale into lo[c], hi[c]).
+template <int C>
+void amx_rows(const Layout& l, const Unit* u, uint8_t* const* lo, uint8_t* const* hi,
+              const QuantX& x, int64_t r0, const Out& o) {
+  alignas(64) int32_t sums[2 * C][kAmxRows][kLanes];
+  alignas(64) float acc[kAmxRows][C][kLanes] = {};
+  const int8_t* xr = &x.q[r0 * x.k];
+  const int64_t spans = l.k / kAmxSpan;
+  for (int64_t sp = 0; sp < spans; ++sp) {
+    _tile_zero(0);
+    _tile_zero(1);
+    if constexpr (C == 2) {
+      _tile_zero(2);
+      _tile_zero(3);
+    }
+    for (int64_t ch = 0; ch < kAmxSpan / 64; ++ch) {
+      const int64_t k0 = sp * kAmxSpan + ch * 64, at = k0 * kLanes;  // at: byte in a plane
+      _tile_loadd(4, xr + k0, x.k);
+      _tile_loadd(5, lo[0] + at, 64);
+      _tile_loadd(6, hi[0] + at, 64);
+      _tile_dpbsud(0, 4, 5);
+      _tile_dpbsud(1, 4, 6);
+      if constexpr (C == 2) {
+        _tile_loadd(7, lo[1] + at, 64);
+        _tile_loadd(5, hi[1] + at, 64);
+        _tile_dpbsud(2, 4, 7);
+        _tile_dpbsud(3, 4, 5);
+      }
+    }
+    _tile_stored(0, sums[0], sizeof sums[0][0]);
+    _tile_stored(1, sums[1], sizeof sums[0][0]);
+    if constexpr (C == 2) {
+      _tile_stored(2, sums[2], sizeof sums[0][0]);
+      _tile_stored(3, sums[3], sizeof sums[0][0]);
+    }
+    const int64_t g0 = sp * 8;
+    VF dv[C], mv[C];
+    VI pair[C][4];
+    for (int c = 0; c < C; ++c) {
+      const at::Half* d = u[c].sup + sp * 2 * kLanes;
+      dv[c] = V::half(d);
+      mv[c] = V::half(d + kLanes);
+      for (int p = 0; p < 4; ++p) {
+        const int8_t* og = u[c].sc + (g0 + 2 * p) * l.sc_group + l.o_at;
+        pair[c][p] = V::pairs(og, og + l.sc_group);
+      }
+    }
+    for (int r = 0; r < kAmxRows; ++r) {
+      const int64_t row = r0 + r;
+      const VF da = V::set1f(x.d[row * x.spans + sp]);
+      VI both[4];
+      for (int p = 0; p < 4; ++p) {
+        int32_t b;
+        std::memcpy(&b, &x.bsum[row * x.groups + g0 + 2 * p], sizeof b);
+        both[p] = V::set1(b);
+      }
+      for (int c = 0; c < C; ++c) {
+        const VI lo_s = V::load(reinterpret_cast<const uint8_t*>(sums[2 * c][r]));
+        const VI hi_s = V::load(reinterpret_cast<const uint8_t*>(sums[2 * c + 1][r]));
+        const VF sum = V::tof(_mm512_add_epi32(_mm512_slli_epi32(hi_s, 6), lo_s));
+        VI mins = V::zero();
+        for (int p = 0; p < 4; ++p) mins = V::dot16(mins, pair[c][p], both[p]);
+        const VF t = V::fnmadd(mv[c], V::tof(mins), V::mul(dv[c], sum));
+        V::store(acc[r][c], V::fmadd(t, da, V::loadf(acc[r][c])));
+      }
+    }
+  }
+  for (int r = 0; r < kAmxRows; ++r) {
+    VF a[C];
+    for (int c = 0; c < C; ++c) a[c] = V::loadf(acc[r][c]);
+    put_row<C>(o, r0 + r, a);
+  }
+}
+
+// The full 16-row tiles of rows [r, r1) on AMX; returns the first row it left.
+int64_t amx_tiles(const Layout& l, const Unit* u, int64_t units, const QuantX& x, int64_t r,
+                  int64_t r1, const Out& o) {
+  if (r1 - r < kAmxLeast) return r;
+  thread_local std::vector<uint8_t> planes;
+  const int64_t bytes = l.k * kLanes;  // a plane of one unit
+  planes.resize(2 * units * bytes);
+  uint8_t *lo[2], *hi[2];
+  for (int64_t c = 0; c < units; ++c) {
+    lo[c] = planes.data() + 2 * c * bytes;
+    hi[c] = lo[c] + bytes;
+    amx_scale(l, u[c], lo[c], hi[c]);
+  }
+  configure_tiles({{16, 64}, {16, 64}, {16, 64}, {16, 64}, {16, 64}, {16, 64}, {16, 64}, {16, 64}});
+  for (; r + kAmxRows <= r1; r += kAmxRows) {
+    if (units == 2) {
+      amx_rows<2>(l, u, lo, hi, x, r, o);
+    } else {
+      amx_rows<1>(l, u, lo, hi, x, r, o);
+    }
+  }
+  _tile_release();
+  return r;
+}
+#endif
+
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight,
                   const c10::optional<at::Tensor>& bias, bool out_float, Act act) {
   const Layout l = layout_of(weight);
@@ -634,7 +792,13 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight,
   }
   const int64_t blocks = l.n / kLanes;
   const int64_t items = (blocks + kCols - 1) / kCols;
-  const int64_t row_blocks = (rows + kRowBlock - 1) / kRowBlock;
+#ifdef INFER_QUANT_AMX
+  const bool amx = use_amx() && amx_fits(l, qx) && rows >= kAmxLeast;
+  const int64_t row_block = amx ? kAmxRowBlock : kRowBlock;
+#else
+  const int64_t row_block = kRowBlock;
+#endif
+  const int64_t row_blocks = (rows + row_block - 1) / row_block;
   constexpr int64_t kHalves = kLanes / kW;  // units per block
   const int64_t elem = out_float ? 4 : 2;
   // The unit of block `blk` that starts `half` vectors in.
@@ -648,7 +812,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight,
   auto work = [&](int64_t i, int64_t) {
     const int64_t t = i % items, rb = i / items;
     const int64_t b0 = t * kCols, nblocks = std::min(kCols, blocks - b0);
-    const int64_t r1 = std::min(rows, (rb + 1) * kRowBlock);
+    const int64_t r1 = std::min(rows, (rb + 1) * row_block);
     // Passes of up to two units: a gated item pairs each gate unit with its up unit (the
     // next block's, at the same offset); else each pass takes consecutive units.
     const int64_t units = nblocks * kHalves;
@@ -668,7 +832,11 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight,
       const int64_t in_col = act == kNone ? col : b0 * kLanes + pass * kW;
       Out o{static_cast<char*>(out.data_ptr()) + col * elem, width, out_float,
             b.defined() ? b.data_ptr<float>() + in_col : nullptr, act};
-      for (int64_t r = rb * kRowBlock; r < r1;) {
+      int64_t r = rb * row_block;
+#ifdef INFER_QUANT_AMX
+      if (amx) r = amx_tiles(l, u, n, qx, r, r1, o);
+#endif
+      while (r < r1) {
         const int64_t t = n == 1 && per_pass == 1 && r1 - r >= kWideRows ? kWideRows
                                                                           : std::min(kRows, r1 - r);
         run_tile(t, l, u, n, qx, r, o);

@@ -175,11 +175,40 @@ def test_every_target_gives_the_same_bits() -> None:
         ops = kernels.ops_for(target)
         plain = [ops.quant_linear(x, w, bias, True) for w in weights]
         plain += [ops.quant_linear(x[:3], w, None, False) for w in weights]
-        return plain + [ops.quant_gated_linear(x[:5], gated, None, gelu) for gelu in (0, 1)]
+        return plain + [ops.quant_gated_linear(x[:37], gated, None, gelu) for gelu in (0, 1)]
 
     first = outputs(TARGETS[0])
     for target in TARGETS[1:]:
         assert all(torch.equal(a, b) for a, b in zip(first, outputs(target), strict=True))
+
+
+def test_amx_tiles_give_the_vector_tiles_bits() -> None:
+    """Where the CPU has AMX, Q4_K calls of 32 rows or more run on its tiles (the weights
+    scaled per superblock first): the same outputs as the AVX512 tiles, plain and gated."""
+    ops = kernels.ops()
+    if not ops.set_amx(True):
+        pytest.skip("no AMX here (the CPU lacks it or Linux refused the tile state)")
+    rng = np.random.default_rng(6)
+    w = quant.from_gguf(QT.Q4_K, _blocks(QT.Q4_K, 64, 1024, rng), (64, 1024))
+    assert w is not None
+    packed = quant.pack(w)
+    x, bias = torch.randn(300, 1024).bfloat16(), torch.randn(64)
+
+    def outputs() -> list[torch.Tensor]:
+        return [ops.quant_linear(x[:n], packed, bias, True) for n in (32, 47, 300)] + [
+            ops.quant_gated_linear(x[:40], packed, None, gelu) for gelu in (0, 1)
+        ]
+
+    tiles = outputs()
+    try:
+        ops.set_amx(False)
+        vectors = outputs()
+    finally:
+        ops.set_amx(True)
+    assert all(torch.equal(a, b) for a, b in zip(tiles, vectors, strict=True))
+    torch.testing.assert_close(
+        tiles[2], _reference(x, w) + bias, atol=2e-5 * tiles[2].abs().max().item(), rtol=0
+    )
 
 
 @pytest.mark.parametrize(
