@@ -26,7 +26,7 @@
 // keeps its accumulators in registers across K, so each weight load feeds R rows. Every row
 // is computed the same way whatever else is in the call: results do not depend on the batch.
 //
-// Where the CPU has AMX, Q4_K calls of 32 rows or more take their integer sums from AMX tiles
+// Where the CPU has AMX, K-quant calls of 32 rows or more take their integer sums from AMX tiles
 // instead (amx_rows): the same numbers by another road, see there.
 //
 // Each 32-bit lane holds one column's sums, so the arithmetic never crosses lanes: a vector
@@ -612,78 +612,90 @@ void run_tile(int64_t rows, const Layout& l, const Unit* u, int64_t units, const
 }
 
 #ifdef INFER_QUANT_AMX
-// AMX for Q4_K (Intel since Sapphire Rapids), 16 rows at a time. TDPBSUD multiplies 16 rows
-// of 64 int8 x's by 64 k's of 16 columns of unsigned bytes in the VNNI order the packed
-// weights have, accumulating int32 in a tile. A group's scale s is applied before it: per
-// span (a superblock, 256 k's) the unit's weights become u * s (at most 15 * 63 = 945),
-// held as two byte planes, lo = u*s & 63 and hi = u*s >> 6, so that
-//   S = sum_g s * sum(u q_a) = 64 * sum(hi q_a) + sum(lo q_a)
-// is exact in int32 after eight products of 64 k's, with no work per group. The rest is the
-// kSpan tile's: acc += d_a * (D * S - M * sum_g o * sum(q_a)), so the outputs are the vector
-// tile's whenever its float sum of s * dot over a span is exact (below 2^24 in magnitude,
-// as a span's sums are unless nearly every x and u of it is at its largest).
+// AMX for the K-quants (Intel since Sapphire Rapids), 16 rows at a time. TDPBSUD/TDPBSSD
+// multiply 16 rows of 64 int8 x's by 64 k's of 16 columns of bytes in the VNNI order the
+// packed weights have, accumulating int32 in a tile. A group's scale s goes in before them:
+// per span (8 groups, x's scale span) the unit's weights become v = u * s, held as two byte
+// planes, lo = v & (2^b - 1) (unsigned) and hi = v >> b (signed), b = 6 for 4-bit weights
+// (v <= 15 * 63) and 7 for 6-bit ones (|v| <= 63 * 128), so that
+//   S = sum_g s * sum(u q_a) = 2^b * sum(hi q_a) + sum(lo q_a)
+// is exact in int32 after the span's products of 64 k's, with no work per group. The rest is
+// the kSpan tile's: acc += d_a * (D * S - M * sum_g o * sum(q_a)), so the outputs are the
+// vector tile's whenever its float sum of s * dot over a span is exact (below 2^24 in
+// magnitude, as a span's sums are unless nearly every x and u of it is at its largest).
 constexpr int64_t kAmxRows = 16;
-constexpr int64_t kAmxSpan = 256;  // k's per span: Q4_K's superblock
+constexpr int64_t kAmxGroups = 8;  // groups per span (x's span, kSpanGroups)
 // Rows a pass needs for AMX: below, scaling the weights costs more than the tiles save. A
 // call of many rows goes in passes of more rows than the vector tiles', for the same reason.
 constexpr int64_t kAmxLeast = 32;
 constexpr int64_t kAmxRowBlock = 256;
 
+// Q4_K (4 bits, G 32, s and o), Q5_K (6-bit layout, G 32, s and o) and Q6_K (G 16, o = s)
 bool amx_fits(const Layout& l, const QuantX& x) {
-  return l.bits == 4 && l.group == 32 && l.supers_every == 8 && x.per == 8 &&
-         l.sc_group == 2 * kLanes && l.k % kAmxSpan == 0;
+  const bool k4 = l.bits == 4 && l.group == 32 && l.supers_every == 8 && l.o_at == kLanes;
+  const bool k6 = l.bits == 6 && l.supers_every * l.group == 256 && l.sc_group > 0;
+  return (k4 || k6) && x.per == kAmxGroups && l.k % (kAmxGroups * l.group) == 0;
 }
 
-// A unit's u * s as two byte planes (steps of 64 bytes, as the packed layout): every span.
+// A unit's v = u * s as two byte planes (steps of 64 bytes, as the packed layout).
+template <int Bits, int G>
 void amx_scale(const Layout& l, const Unit& u, uint8_t* lo, uint8_t* hi) {
-  const __m512i even = _mm512_set1_epi16(0x00FF), low6 = _mm512_set1_epi16(0x003F);
+  constexpr int kShift = Bits == 4 ? 6 : 7;
+  constexpr int64_t kGroupBytes = G * kLanes * Bits / 8;
+  const __m512i even = _mm512_set1_epi16(0x00FF);
+  const __m512i low = _mm512_set1_epi16((1 << kShift) - 1);
   for (int64_t g = 0; g < l.groups; ++g) {
-    // s of each of the 16 columns in the four bytes of its lane, kept in even or odd bytes
-    const __m512i s = _mm512_mullo_epi32(V::int8(u.sc + g * l.sc_group),
-                                         _mm512_set1_epi32(0x01010101));
+    // s (its byte) of each of the 16 columns in the four bytes of its lane, in even or odd bytes
+    const __m512i s = _mm512_mullo_epi32(
+        _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(u.sc + g * l.sc_group))),
+        _mm512_set1_epi32(0x01010101));
     const __m512i s_even = _mm512_and_si512(s, even), s_odd = _mm512_andnot_si512(even, s);
-    for (int st = 0; st < 8; ++st) {  // the group's steps
-      const int64_t step = g * 8 + st;
-      const __m512i w = weights<4>(u.q + g * 8 * 32, st);
-      // u * s of the even bytes, and of the odd ones, as int16 (VPMADDUBSW with a zero partner)
+    const uint8_t* q = u.q + g * kGroupBytes;
+#pragma GCC unroll 8
+    for (int st = 0; st < G / 4; ++st) {
+      // four steps a 192-byte quad for 6 bits; weights<4> takes the group's step itself
+      const __m512i w = Bits == 4 ? weights<4>(q, st) : weights<6>(q + st / 4 * 192, st % 4);
+      // v of the even bytes, and of the odd ones, as int16 (VPMADDUBSW with a zero partner)
       const __m512i ve = _mm512_maddubs_epi16(w, s_even), vo = _mm512_maddubs_epi16(w, s_odd);
-      const __m512i l6 = _mm512_or_si512(_mm512_and_si512(ve, low6),
-                                         _mm512_slli_epi16(_mm512_and_si512(vo, low6), 8));
-      const __m512i h4 = _mm512_or_si512(_mm512_srli_epi16(ve, 6),
-                                         _mm512_slli_epi16(_mm512_srli_epi16(vo, 6), 8));
-      V::storei(lo + step * 64, l6);
-      V::storei(hi + step * 64, h4);
+      const __m512i l8 = _mm512_or_si512(_mm512_and_si512(ve, low),
+                                         _mm512_slli_epi16(_mm512_and_si512(vo, low), 8));
+      const __m512i h8 = _mm512_or_si512(_mm512_and_si512(_mm512_srai_epi16(ve, kShift), even),
+                                         _mm512_slli_epi16(_mm512_srai_epi16(vo, kShift), 8));
+      const int64_t step = g * (G / 4) + st;
+      V::storei(lo + step * 64, l8);
+      V::storei(hi + step * 64, h8);
     }
   }
 }
 
 // Rows [r0, r0 + 16) x the C units (scaled by amx_scale into lo[c], hi[c]).
-template <int C>
+template <int Bits, int G, int C>
 void amx_rows(const Layout& l, const Unit* u, uint8_t* const* lo, uint8_t* const* hi,
               const QuantX& x, int64_t r0, const Out& o) {
+  constexpr int kShift = Bits == 4 ? 6 : 7;
+  constexpr int64_t kSpan = kAmxGroups * G;  // k's
   alignas(64) int32_t sums[2 * C][kAmxRows][kLanes];
   alignas(64) float acc[kAmxRows][C][kLanes] = {};
   const int8_t* xr = &x.q[r0 * x.k];
-  const int64_t spans = l.k / kAmxSpan;
-  for (int64_t sp = 0; sp < spans; ++sp) {
+  for (int64_t sp = 0; sp < l.k / kSpan; ++sp) {
     _tile_zero(0);
     _tile_zero(1);
     if constexpr (C == 2) {
       _tile_zero(2);
       _tile_zero(3);
     }
-    for (int64_t ch = 0; ch < kAmxSpan / 64; ++ch) {
-      const int64_t k0 = sp * kAmxSpan + ch * 64, at = k0 * kLanes;  // at: byte in a plane
+    for (int64_t ch = 0; ch < kSpan / 64; ++ch) {
+      const int64_t k0 = sp * kSpan + ch * 64, at = k0 * kLanes;  // at: byte in a plane
       _tile_loadd(4, xr + k0, x.k);
       _tile_loadd(5, lo[0] + at, 64);
       _tile_loadd(6, hi[0] + at, 64);
       _tile_dpbsud(0, 4, 5);
-      _tile_dpbsud(1, 4, 6);
+      _tile_dpbssd(1, 4, 6);
       if constexpr (C == 2) {
         _tile_loadd(7, lo[1] + at, 64);
         _tile_loadd(5, hi[1] + at, 64);
         _tile_dpbsud(2, 4, 7);
-        _tile_dpbsud(3, 4, 5);
+        _tile_dpbssd(3, 4, 5);
       }
     }
     _tile_stored(0, sums[0], sizeof sums[0][0]);
@@ -692,14 +704,14 @@ void amx_rows(const Layout& l, const Unit* u, uint8_t* const* lo, uint8_t* const
       _tile_stored(2, sums[2], sizeof sums[0][0]);
       _tile_stored(3, sums[3], sizeof sums[0][0]);
     }
-    const int64_t g0 = sp * 8;
+    const int64_t g0 = sp * kAmxGroups, sb = g0 / l.supers_every;
     VF dv[C], mv[C];
-    VI pair[C][4];
+    VI pair[C][kAmxGroups / 2];
     for (int c = 0; c < C; ++c) {
-      const at::Half* d = u[c].sup + sp * 2 * kLanes;
+      const at::Half* d = u[c].sup + sb * 2 * kLanes;
       dv[c] = V::half(d);
       mv[c] = V::half(d + kLanes);
-      for (int p = 0; p < 4; ++p) {
+      for (int p = 0; p < kAmxGroups / 2; ++p) {
         const int8_t* og = u[c].sc + (g0 + 2 * p) * l.sc_group + l.o_at;
         pair[c][p] = V::pairs(og, og + l.sc_group);
       }
@@ -707,8 +719,8 @@ void amx_rows(const Layout& l, const Unit* u, uint8_t* const* lo, uint8_t* const
     for (int r = 0; r < kAmxRows; ++r) {
       const int64_t row = r0 + r;
       const VF da = V::set1f(x.d[row * x.spans + sp]);
-      VI both[4];
-      for (int p = 0; p < 4; ++p) {
+      VI both[kAmxGroups / 2];
+      for (int p = 0; p < kAmxGroups / 2; ++p) {
         int32_t b;
         std::memcpy(&b, &x.bsum[row * x.groups + g0 + 2 * p], sizeof b);
         both[p] = V::set1(b);
@@ -716,9 +728,9 @@ void amx_rows(const Layout& l, const Unit* u, uint8_t* const* lo, uint8_t* const
       for (int c = 0; c < C; ++c) {
         const VI lo_s = V::load(reinterpret_cast<const uint8_t*>(sums[2 * c][r]));
         const VI hi_s = V::load(reinterpret_cast<const uint8_t*>(sums[2 * c + 1][r]));
-        const VF sum = V::tof(_mm512_add_epi32(_mm512_slli_epi32(hi_s, 6), lo_s));
+        const VF sum = V::tof(_mm512_add_epi32(_mm512_slli_epi32(hi_s, kShift), lo_s));
         VI mins = V::zero();
-        for (int p = 0; p < 4; ++p) mins = V::dot16(mins, pair[c][p], both[p]);
+        for (int p = 0; p < kAmxGroups / 2; ++p) mins = V::dot16(mins, pair[c][p], both[p]);
         const VF t = V::fnmadd(mv[c], V::tof(mins), V::mul(dv[c], sum));
         V::store(acc[r][c], V::fmadd(t, da, V::loadf(acc[r][c])));
       }
@@ -731,26 +743,38 @@ void amx_rows(const Layout& l, const Unit* u, uint8_t* const* lo, uint8_t* const
   }
 }
 
+template <int Bits, int G>
+void amx_run(const Layout& l, const Unit* u, int64_t units, const QuantX& x, int64_t& r,
+             int64_t r1, const Out& o, uint8_t* planes) {
+  const int64_t bytes = l.k * kLanes;  // a plane of one unit
+  uint8_t *lo[2], *hi[2];
+  for (int64_t c = 0; c < units; ++c) {
+    lo[c] = planes + 2 * c * bytes;
+    hi[c] = lo[c] + bytes;
+    amx_scale<Bits, G>(l, u[c], lo[c], hi[c]);
+  }
+  for (; r + kAmxRows <= r1; r += kAmxRows) {
+    if (units == 2) {
+      amx_rows<Bits, G, 2>(l, u, lo, hi, x, r, o);
+    } else {
+      amx_rows<Bits, G, 1>(l, u, lo, hi, x, r, o);
+    }
+  }
+}
+
 // The full 16-row tiles of rows [r, r1) on AMX; returns the first row it left.
 int64_t amx_tiles(const Layout& l, const Unit* u, int64_t units, const QuantX& x, int64_t r,
                   int64_t r1, const Out& o) {
   if (r1 - r < kAmxLeast) return r;
   thread_local std::vector<uint8_t> planes;
-  const int64_t bytes = l.k * kLanes;  // a plane of one unit
-  planes.resize(2 * units * bytes);
-  uint8_t *lo[2], *hi[2];
-  for (int64_t c = 0; c < units; ++c) {
-    lo[c] = planes.data() + 2 * c * bytes;
-    hi[c] = lo[c] + bytes;
-    amx_scale(l, u[c], lo[c], hi[c]);
-  }
+  planes.resize(2 * units * l.k * kLanes);
   configure_tiles({{16, 64}, {16, 64}, {16, 64}, {16, 64}, {16, 64}, {16, 64}, {16, 64}, {16, 64}});
-  for (; r + kAmxRows <= r1; r += kAmxRows) {
-    if (units == 2) {
-      amx_rows<2>(l, u, lo, hi, x, r, o);
-    } else {
-      amx_rows<1>(l, u, lo, hi, x, r, o);
-    }
+  if (l.bits == 4) {
+    amx_run<4, 32>(l, u, units, x, r, r1, o, planes.data());
+  } else if (l.group == 32) {
+    amx_run<6, 32>(l, u, units, x, r, r1, o, planes.data());
+  } else {
+    amx_run<6, 16>(l, u, units, x, r, r1, o, planes.data());
   }
   _tile_release();
   return r;

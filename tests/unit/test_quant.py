@@ -182,14 +182,15 @@ def test_every_target_gives_the_same_bits() -> None:
         assert all(torch.equal(a, b) for a, b in zip(first, outputs(target), strict=True))
 
 
-def test_amx_tiles_give_the_vector_tiles_bits() -> None:
-    """Where the CPU has AMX, Q4_K calls of 32 rows or more run on its tiles (the weights
-    scaled per superblock first): the same outputs as the AVX512 tiles, plain and gated."""
+@pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q5_K, QT.Q6_K])
+def test_amx_tiles_give_the_vector_tiles_bits(qtype: QT) -> None:
+    """Where the CPU has AMX, K-quant calls of 32 rows or more run on its tiles (the weights
+    scaled per span first): the same outputs as the AVX512 tiles, plain and gated."""
     ops = kernels.ops()
     if not ops.set_amx(True):
         pytest.skip("no AMX here (the CPU lacks it or Linux refused the tile state)")
     rng = np.random.default_rng(6)
-    w = quant.from_gguf(QT.Q4_K, _blocks(QT.Q4_K, 64, 1024, rng), (64, 1024))
+    w = quant.from_gguf(qtype, _blocks(qtype, 64, 1024, rng), (64, 1024))
     assert w is not None
     packed = quant.pack(w)
     x, bias = torch.randn(300, 1024).bfloat16(), torch.randn(64)
@@ -206,9 +207,8 @@ def test_amx_tiles_give_the_vector_tiles_bits() -> None:
     finally:
         ops.set_amx(True)
     assert all(torch.equal(a, b) for a, b in zip(tiles, vectors, strict=True))
-    torch.testing.assert_close(
-        tiles[2], _reference(x, w) + bias, atol=2e-5 * tiles[2].abs().max().item(), rtol=0
-    )
+    expected = _reference(x, w) + bias
+    torch.testing.assert_close(tiles[2], expected, atol=2e-5 * expected.abs().max().item(), rtol=0)
 
 
 @pytest.mark.parametrize(
