@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 import infer  # noqa: F401  (sets OMP_WAIT_POLICY before torch threads start)
+from infer import kernels
 from infer.bench.workloads import BenchRequest, PromptSource, mixed_requests
 from infer.engine.config import DTYPES, WEIGHT_MODES, EngineConfig
 from infer.engine.engine import Engine
@@ -114,11 +115,23 @@ def _run_engine(loaded: LoadedModel, reqs: tuple[BenchRequest, ...], mode: str) 
 
 
 def bench_steps(
-    context: int, steps: int, model: str, weights: str, batches: tuple[int, ...]
+    context: int,
+    steps: int,
+    model: str,
+    weights: str,
+    batches: tuple[int, ...],
+    amx_both: bool = False,
 ) -> None:
-    """Median time of one decode step at each batch size, every sequence at ``context``."""
+    """Median time of one decode step at each batch size, every sequence at ``context``;
+    with ``amx_both``, steps alternate between the kernels with AMX tiles and without."""
     loaded = load_model(model, torch.bfloat16, weights=weights)
-    print(f"| batch | decode step ms (context {context}) | tok/s |\n|---|---|---|")
+    if amx_both and not kernels.ops().set_amx(True):
+        raise SystemExit("--amx both: this CPU has no AMX (or Linux refused the tile state)")
+    if amx_both:
+        print(f"| batch | step ms, AMX (context {context}) | without AMX | ratio |")
+        print("|---|---|---|---|")
+    else:
+        print(f"| batch | decode step ms (context {context}) | tok/s |\n|---|---|---|")
     for batch in batches:
         config = EngineConfig(
             max_batch_size=batch,
@@ -130,12 +143,19 @@ def bench_steps(
         prompt = list(PromptSource(loaded.tokenizer).prompt(context, random.Random(0)))
         for _ in range(batch):
             engine.add_request(prompt, _greedy(steps))
-        times = []
+        times: list[float] = []
         with torch.inference_mode():
             while engine.has_work():
+                if amx_both:
+                    kernels.ops().set_amx(len(times) % 2 == 0)
                 start = time.perf_counter()
                 engine.step()
                 times.append(time.perf_counter() - start)
+        kernels.ops().set_amx(True)
+        if amx_both:  # the prefill step is the first, with AMX: the decode steps after it
+            on, off = (statistics.median(times[i::2][1:]) * 1000 for i in (0, 1))
+            print(f"| {batch} | {on:.1f} | {off:.1f} | {on / off:.2f} |")
+            continue
         ms = statistics.median(times[-steps // 2 :]) * 1000
         print(f"| {batch} | {ms:.1f} | {batch * 1000 / ms:.0f} |")
 
@@ -201,6 +221,9 @@ def main() -> None:
     p.add_argument("--weights", default="auto", choices=WEIGHT_MODES, help="steps: as serve's")
     p.add_argument("--batches", default="1,16,64", help="steps: comma-separated batch sizes")
     p.add_argument("--file", default="colorsys", help="verify: the standard-library module")
+    p.add_argument(
+        "--amx-both", action="store_true", help="steps: alternate steps with AMX and without"
+    )
     args = p.parse_args()
     if args.what == "generate":
         bench_generate(args.new_tokens, args.prompt_len)
@@ -215,6 +238,7 @@ def main() -> None:
             args.model,
             args.weights,
             tuple(int(b) for b in args.batches.split(",")),
+            args.amx_both,
         )
 
 
