@@ -126,7 +126,7 @@ def bench_steps(
     with ``amx_both``, steps alternate between the kernels with AMX tiles and without."""
     loaded = load_model(model, torch.bfloat16, weights=weights)
     if amx_both and not kernels.ops().set_amx(True):
-        raise SystemExit("--amx both: this CPU has no AMX (or Linux refused the tile state)")
+        raise SystemExit("--amx-both: this CPU has no AMX (or Linux refused the tile state)")
     if amx_both:
         print(f"| batch | step ms, AMX (context {context}) | without AMX | ratio |")
         print("|---|---|---|---|")

@@ -624,23 +624,24 @@ void run_tile(int64_t rows, const Layout& l, const Unit* u, int64_t units, const
 // vector tile's whenever its float sum of s * dot over a span is exact (below 2^24 in
 // magnitude, as a span's sums are unless nearly every x and u of it is at its largest).
 constexpr int64_t kAmxRows = 16;
-constexpr int64_t kAmxGroups = 8;  // groups per span (x's span, kSpanGroups)
 // Rows a pass needs for AMX: below, scaling the weights costs more than the tiles save. A
 // call of many rows goes in passes of more rows than the vector tiles', for the same reason.
 constexpr int64_t kAmxLeast = 32;
 constexpr int64_t kAmxRowBlock = 256;
+// Where v = u * s splits into its planes: 4-bit weights v <= 15 * 63, 6-bit |v| <= 63 * 128.
+constexpr int amx_shift(int bits) { return bits == 4 ? 6 : 7; }
 
 // Q4_K (4 bits, G 32, s and o), Q5_K (6-bit layout, G 32, s and o) and Q6_K (G 16, o = s)
 bool amx_fits(const Layout& l, const QuantX& x) {
   const bool k4 = l.bits == 4 && l.group == 32 && l.supers_every == 8 && l.o_at == kLanes;
   const bool k6 = l.bits == 6 && l.supers_every * l.group == 256 && l.sc_group > 0;
-  return (k4 || k6) && x.per == kAmxGroups && l.k % (kAmxGroups * l.group) == 0;
+  return (k4 || k6) && x.per == kSpanGroups && l.k % (kSpanGroups * l.group) == 0;
 }
 
 // A unit's v = u * s as two byte planes (steps of 64 bytes, as the packed layout).
 template <int Bits, int G>
 void amx_scale(const Layout& l, const Unit& u, uint8_t* lo, uint8_t* hi) {
-  constexpr int kShift = Bits == 4 ? 6 : 7;
+  constexpr int kShift = amx_shift(Bits);
   constexpr int64_t kGroupBytes = G * kLanes * Bits / 8;
   const __m512i even = _mm512_set1_epi16(0x00FF);
   const __m512i low = _mm512_set1_epi16((1 << kShift) - 1);
@@ -672,20 +673,20 @@ void amx_scale(const Layout& l, const Unit& u, uint8_t* lo, uint8_t* hi) {
 template <int Bits, int G, int C>
 void amx_rows(const Layout& l, const Unit* u, uint8_t* const* lo, uint8_t* const* hi,
               const QuantX& x, int64_t r0, const Out& o) {
-  constexpr int kShift = Bits == 4 ? 6 : 7;
-  constexpr int64_t kSpan = kAmxGroups * G;  // k's
+  constexpr int kShift = amx_shift(Bits);
+  constexpr int64_t kSpanK = kSpanGroups * G;  // k's per span
   alignas(64) int32_t sums[2 * C][kAmxRows][kLanes];
   alignas(64) float acc[kAmxRows][C][kLanes] = {};
   const int8_t* xr = &x.q[r0 * x.k];
-  for (int64_t sp = 0; sp < l.k / kSpan; ++sp) {
+  for (int64_t sp = 0; sp < l.k / kSpanK; ++sp) {
     _tile_zero(0);
     _tile_zero(1);
     if constexpr (C == 2) {
       _tile_zero(2);
       _tile_zero(3);
     }
-    for (int64_t ch = 0; ch < kSpan / 64; ++ch) {
-      const int64_t k0 = sp * kSpan + ch * 64, at = k0 * kLanes;  // at: byte in a plane
+    for (int64_t ch = 0; ch < kSpanK / 64; ++ch) {
+      const int64_t k0 = sp * kSpanK + ch * 64, at = k0 * kLanes;  // at: byte in a plane
       _tile_loadd(4, xr + k0, x.k);
       _tile_loadd(5, lo[0] + at, 64);
       _tile_loadd(6, hi[0] + at, 64);
@@ -704,14 +705,14 @@ void amx_rows(const Layout& l, const Unit* u, uint8_t* const* lo, uint8_t* const
       _tile_stored(2, sums[2], sizeof sums[0][0]);
       _tile_stored(3, sums[3], sizeof sums[0][0]);
     }
-    const int64_t g0 = sp * kAmxGroups, sb = g0 / l.supers_every;
+    const int64_t g0 = sp * kSpanGroups, sb = g0 / l.supers_every;
     VF dv[C], mv[C];
-    VI pair[C][kAmxGroups / 2];
+    VI pair[C][kSpanGroups / 2];
     for (int c = 0; c < C; ++c) {
       const at::Half* d = u[c].sup + sb * 2 * kLanes;
       dv[c] = V::half(d);
       mv[c] = V::half(d + kLanes);
-      for (int p = 0; p < kAmxGroups / 2; ++p) {
+      for (int p = 0; p < kSpanGroups / 2; ++p) {
         const int8_t* og = u[c].sc + (g0 + 2 * p) * l.sc_group + l.o_at;
         pair[c][p] = V::pairs(og, og + l.sc_group);
       }
@@ -719,8 +720,8 @@ void amx_rows(const Layout& l, const Unit* u, uint8_t* const* lo, uint8_t* const
     for (int r = 0; r < kAmxRows; ++r) {
       const int64_t row = r0 + r;
       const VF da = V::set1f(x.d[row * x.spans + sp]);
-      VI both[kAmxGroups / 2];
-      for (int p = 0; p < kAmxGroups / 2; ++p) {
+      VI both[kSpanGroups / 2];
+      for (int p = 0; p < kSpanGroups / 2; ++p) {
         int32_t b;
         std::memcpy(&b, &x.bsum[row * x.groups + g0 + 2 * p], sizeof b);
         both[p] = V::set1(b);
@@ -730,7 +731,7 @@ void amx_rows(const Layout& l, const Unit* u, uint8_t* const* lo, uint8_t* const
         const VI hi_s = V::load(reinterpret_cast<const uint8_t*>(sums[2 * c + 1][r]));
         const VF sum = V::tof(_mm512_add_epi32(_mm512_slli_epi32(hi_s, kShift), lo_s));
         VI mins = V::zero();
-        for (int p = 0; p < kAmxGroups / 2; ++p) mins = V::dot16(mins, pair[c][p], both[p]);
+        for (int p = 0; p < kSpanGroups / 2; ++p) mins = V::dot16(mins, pair[c][p], both[p]);
         const VF t = V::fnmadd(mv[c], V::tof(mins), V::mul(dv[c], sum));
         V::store(acc[r][c], V::fmadd(t, da, V::loadf(acc[r][c])));
       }
