@@ -27,7 +27,7 @@
 // is computed the same way whatever else is in the call: results do not depend on the batch.
 //
 // Where the CPU has AMX, K-quant calls of 32 rows or more take their integer sums from AMX tiles
-// instead (amx_rows): the same numbers by another road, see there.
+// instead (amx_span): the same numbers by another road, see there.
 //
 // Each 32-bit lane holds one column's sums, so the arithmetic never crosses lanes: a vector
 // of 8 lanes (AVX2) computes each column with the same operations, in the same order, as one
@@ -638,14 +638,17 @@ bool amx_fits(const Layout& l, const QuantX& x) {
   return (k4 || k6) && x.per == kSpanGroups && l.k % (kSpanGroups * l.group) == 0;
 }
 
-// A unit's v = u * s as two byte planes (steps of 64 bytes, as the packed layout).
+// A unit's v = u * s for the groups of span `sp` as two byte planes (steps of 64 bytes, as the
+// packed layout), written from the planes' start: a span's planes stay in L1 while every row
+// tile of the pass takes its products from them.
 template <int Bits, int G>
-void amx_scale(const Layout& l, const Unit& u, uint8_t* lo, uint8_t* hi) {
+void amx_scale(const Layout& l, const Unit& u, int64_t sp, uint8_t* lo, uint8_t* hi) {
   constexpr int kShift = amx_shift(Bits);
   constexpr int64_t kGroupBytes = G * kLanes * Bits / 8;
   const __m512i even = _mm512_set1_epi16(0x00FF);
   const __m512i low = _mm512_set1_epi16((1 << kShift) - 1);
-  for (int64_t g = 0; g < l.groups; ++g) {
+  for (int64_t j = 0; j < kSpanGroups; ++j) {
+    const int64_t g = sp * kSpanGroups + j;
     // s (its byte) of each of the 16 columns in the four bytes of its lane, in even or odd bytes
     const __m512i s = _mm512_mullo_epi32(
         _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(u.sc + g * l.sc_group))),
@@ -662,120 +665,155 @@ void amx_scale(const Layout& l, const Unit& u, uint8_t* lo, uint8_t* hi) {
                                          _mm512_slli_epi16(_mm512_and_si512(vo, low), 8));
       const __m512i h8 = _mm512_or_si512(_mm512_and_si512(_mm512_srai_epi16(ve, kShift), even),
                                          _mm512_slli_epi16(_mm512_srai_epi16(vo, kShift), 8));
-      const int64_t step = g * (G / 4) + st;
+      const int64_t step = j * (G / 4) + st;
       V::storei(lo + step * 64, l8);
       V::storei(hi + step * 64, h8);
     }
   }
 }
 
-// Rows [r0, r0 + 16) x the C units (scaled by amx_scale into lo[c], hi[c]).
+// x's rows quantized, in the order amx_span reads them: per span, per 16-row tile, its 64-k
+// chunks of 16 rows x 64 bytes, each one contiguous tile load.
+void amx_layout(const QuantX& x, int64_t rows, int64_t span_k, std::vector<int8_t>& out) {
+  const int64_t tiles = rows / kAmxRows, spans = x.k / span_k, chunks = span_k / 64;
+  out.resize(tiles * kAmxRows * x.k);
+  at::parallel_for(0, tiles * spans, 1, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t sp = i / tiles, t = i % tiles;
+      int8_t* dst = &out[i * chunks * kAmxRows * 64];
+      for (int64_t ch = 0; ch < chunks; ++ch)
+        for (int64_t r = 0; r < kAmxRows; ++r)
+          std::memcpy(dst + (ch * kAmxRows + r) * 64,
+                      &x.q[(t * kAmxRows + r) * x.k + sp * span_k + ch * 64], 64);
+    }
+  });
+}
+
+// One span of rows [16 t, 16 t + 16) x the C units, from their span's planes lo[c], hi[c] (see
+// amx_scale), added to acc [16][C][16].
 template <int Bits, int G, int C>
-void amx_rows(const Layout& l, const Unit* u, uint8_t* const* lo, uint8_t* const* hi,
-              const QuantX& x, int64_t r0, const Out& o) {
+void amx_span(const Layout& l, const Unit* u, uint8_t* const* lo, uint8_t* const* hi,
+              const QuantX& x, const int8_t* xt, int64_t t, int64_t sp, float* acc) {
   constexpr int kShift = amx_shift(Bits);
   constexpr int64_t kSpanK = kSpanGroups * G;  // k's per span
   alignas(64) int32_t sums[2 * C][kAmxRows][kLanes];
-  alignas(64) float acc[kAmxRows][C][kLanes] = {};
-  const int8_t* xr = &x.q[r0 * x.k];
-  for (int64_t sp = 0; sp < l.k / kSpanK; ++sp) {
-    _tile_zero(0);
-    _tile_zero(1);
+  _tile_zero(0);
+  _tile_zero(1);
+  if constexpr (C == 2) {
+    _tile_zero(2);
+    _tile_zero(3);
+  }
+  for (int64_t ch = 0; ch < kSpanK / 64; ++ch) {
+    const int64_t at = ch * 64 * kLanes;  // byte in a plane
+    // the x tiles that follow in the layout (the next tile's, or the next span's), 1 KB a chunk:
+    // they come from L2 and would stall the next span's first product
+    for (int64_t line = 0; line < kAmxRows * 64; line += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(xt + kSpanK * kAmxRows + ch * kAmxRows * 64 + line),
+                   _MM_HINT_T0);
+    _tile_loadd(4, xt + ch * kAmxRows * 64, 64);
+    _tile_loadd(5, lo[0] + at, 64);
+    _tile_loadd(6, hi[0] + at, 64);
+    _tile_dpbsud(0, 4, 5);
+    _tile_dpbssd(1, 4, 6);
     if constexpr (C == 2) {
-      _tile_zero(2);
-      _tile_zero(3);
+      _tile_loadd(7, lo[1] + at, 64);
+      _tile_loadd(5, hi[1] + at, 64);
+      _tile_dpbsud(2, 4, 7);
+      _tile_dpbssd(3, 4, 5);
     }
-    for (int64_t ch = 0; ch < kSpanK / 64; ++ch) {
-      const int64_t k0 = sp * kSpanK + ch * 64, at = k0 * kLanes;  // at: byte in a plane
-      _tile_loadd(4, xr + k0, x.k);
-      _tile_loadd(5, lo[0] + at, 64);
-      _tile_loadd(6, hi[0] + at, 64);
-      _tile_dpbsud(0, 4, 5);
-      _tile_dpbssd(1, 4, 6);
-      if constexpr (C == 2) {
-        _tile_loadd(7, lo[1] + at, 64);
-        _tile_loadd(5, hi[1] + at, 64);
-        _tile_dpbsud(2, 4, 7);
-        _tile_dpbssd(3, 4, 5);
-      }
-    }
-    _tile_stored(0, sums[0], sizeof sums[0][0]);
-    _tile_stored(1, sums[1], sizeof sums[0][0]);
-    if constexpr (C == 2) {
-      _tile_stored(2, sums[2], sizeof sums[0][0]);
-      _tile_stored(3, sums[3], sizeof sums[0][0]);
-    }
-    const int64_t g0 = sp * kSpanGroups, sb = g0 / l.supers_every;
-    VF dv[C], mv[C];
-    VI pair[C][kSpanGroups / 2];
-    for (int c = 0; c < C; ++c) {
-      const at::Half* d = u[c].sup + sb * 2 * kLanes;
-      dv[c] = V::half(d);
-      mv[c] = V::half(d + kLanes);
-      for (int p = 0; p < kSpanGroups / 2; ++p) {
-        const int8_t* og = u[c].sc + (g0 + 2 * p) * l.sc_group + l.o_at;
-        pair[c][p] = V::pairs(og, og + l.sc_group);
-      }
-    }
-    for (int r = 0; r < kAmxRows; ++r) {
-      const int64_t row = r0 + r;
-      const VF da = V::set1f(x.d[row * x.spans + sp]);
-      VI both[kSpanGroups / 2];
-      for (int p = 0; p < kSpanGroups / 2; ++p) {
-        int32_t b;
-        std::memcpy(&b, &x.bsum[row * x.groups + g0 + 2 * p], sizeof b);
-        both[p] = V::set1(b);
-      }
-      for (int c = 0; c < C; ++c) {
-        const VI lo_s = V::load(reinterpret_cast<const uint8_t*>(sums[2 * c][r]));
-        const VI hi_s = V::load(reinterpret_cast<const uint8_t*>(sums[2 * c + 1][r]));
-        const VF sum = V::tof(_mm512_add_epi32(_mm512_slli_epi32(hi_s, kShift), lo_s));
-        VI mins = V::zero();
-        for (int p = 0; p < kSpanGroups / 2; ++p) mins = V::dot16(mins, pair[c][p], both[p]);
-        const VF t = V::fnmadd(mv[c], V::tof(mins), V::mul(dv[c], sum));
-        V::store(acc[r][c], V::fmadd(t, da, V::loadf(acc[r][c])));
-      }
+  }
+  _tile_stored(0, sums[0], sizeof sums[0][0]);
+  _tile_stored(1, sums[1], sizeof sums[0][0]);
+  if constexpr (C == 2) {
+    _tile_stored(2, sums[2], sizeof sums[0][0]);
+    _tile_stored(3, sums[3], sizeof sums[0][0]);
+  }
+  const int64_t g0 = sp * kSpanGroups, sb = g0 / l.supers_every;
+  VF dv[C], mv[C];
+  VI pair[C][kSpanGroups / 2];
+  for (int c = 0; c < C; ++c) {
+    const at::Half* d = u[c].sup + sb * 2 * kLanes;
+    dv[c] = V::half(d);
+    mv[c] = V::half(d + kLanes);
+    for (int p = 0; p < kSpanGroups / 2; ++p) {
+      const int8_t* og = u[c].sc + (g0 + 2 * p) * l.sc_group + l.o_at;
+      pair[c][p] = V::pairs(og, og + l.sc_group);
     }
   }
   for (int r = 0; r < kAmxRows; ++r) {
-    VF a[C];
-    for (int c = 0; c < C; ++c) a[c] = V::loadf(acc[r][c]);
-    put_row<C>(o, r0 + r, a);
-  }
-}
-
-template <int Bits, int G>
-void amx_run(const Layout& l, const Unit* u, int64_t units, const QuantX& x, int64_t& r,
-             int64_t r1, const Out& o, uint8_t* planes) {
-  const int64_t bytes = l.k * kLanes;  // a plane of one unit
-  uint8_t *lo[2], *hi[2];
-  for (int64_t c = 0; c < units; ++c) {
-    lo[c] = planes + 2 * c * bytes;
-    hi[c] = lo[c] + bytes;
-    amx_scale<Bits, G>(l, u[c], lo[c], hi[c]);
-  }
-  for (; r + kAmxRows <= r1; r += kAmxRows) {
-    if (units == 2) {
-      amx_rows<Bits, G, 2>(l, u, lo, hi, x, r, o);
-    } else {
-      amx_rows<Bits, G, 1>(l, u, lo, hi, x, r, o);
+    const int64_t row = t * kAmxRows + r;
+    const VF da = V::set1f(x.d[row * x.spans + sp]);
+    VI both[kSpanGroups / 2];
+    for (int p = 0; p < kSpanGroups / 2; ++p) {
+      int32_t b;
+      std::memcpy(&b, &x.bsum[row * x.groups + g0 + 2 * p], sizeof b);
+      both[p] = V::set1(b);
+    }
+    for (int c = 0; c < C; ++c) {
+      const VI lo_s = V::load(reinterpret_cast<const uint8_t*>(sums[2 * c][r]));
+      const VI hi_s = V::load(reinterpret_cast<const uint8_t*>(sums[2 * c + 1][r]));
+      const VF sum = V::tof(_mm512_add_epi32(_mm512_slli_epi32(hi_s, kShift), lo_s));
+      VI mins = V::zero();
+      for (int p = 0; p < kSpanGroups / 2; ++p) mins = V::dot16(mins, pair[c][p], both[p]);
+      const VF tv = V::fnmadd(mv[c], V::tof(mins), V::mul(dv[c], sum));
+      float* a = acc + (r * C + c) * kLanes;
+      V::store(a, V::fmadd(tv, da, V::loadf(a)));
     }
   }
 }
 
-// The full 16-row tiles of rows [r, r1) on AMX; returns the first row it left.
-int64_t amx_tiles(const Layout& l, const Unit* u, int64_t units, const QuantX& x, int64_t r,
-                  int64_t r1, const Out& o) {
+// Rows [r, r1) in full 16-row tiles x the C units, span by span: each span's planes are scaled
+// once and serve every tile of the pass.
+template <int Bits, int G, int C>
+void amx_run(const Layout& l, const Unit* u, const QuantX& x, const int8_t* xl, int64_t& r,
+             int64_t r1, const Out& o, uint8_t* planes, std::vector<float>& acc) {
+  constexpr int64_t kSpanK = kSpanGroups * G;
+  constexpr int64_t kPlane = kSpanK * kLanes;  // bytes of one unit's plane for one span
+  constexpr int64_t kTileAcc = kAmxRows * C * kLanes;
+  const int64_t t0 = r / kAmxRows, tiles = (r1 - r) / kAmxRows, all = x.q.size() / x.k / kAmxRows;
+  uint8_t *lo[2], *hi[2];
+  for (int c = 0; c < C; ++c) {
+    lo[c] = planes + 2 * c * kPlane;
+    hi[c] = lo[c] + kPlane;
+  }
+  acc.assign(tiles * kTileAcc, 0.0f);
+  for (int64_t sp = 0; sp < l.k / kSpanK; ++sp) {
+    for (int c = 0; c < C; ++c) amx_scale<Bits, G>(l, u[c], sp, lo[c], hi[c]);
+    for (int64_t t = 0; t < tiles; ++t) {
+      const int8_t* xt = xl + (sp * all + t0 + t) * kSpanK * kAmxRows;
+      amx_span<Bits, G, C>(l, u, lo, hi, x, xt, t0 + t, sp, acc.data() + t * kTileAcc);
+    }
+  }
+  for (int64_t t = 0; t < tiles; ++t)
+    for (int64_t i = 0; i < kAmxRows; ++i) {
+      VF a[C];
+      for (int c = 0; c < C; ++c) a[c] = V::loadf(&acc[t * kTileAcc + (i * C + c) * kLanes]);
+      put_row<C>(o, r + t * kAmxRows + i, a);
+    }
+  r += tiles * kAmxRows;
+}
+
+template <int Bits, int G>
+void amx_run(const Layout& l, const Unit* u, int64_t units, const QuantX& x, const int8_t* xl,
+             int64_t& r, int64_t r1, const Out& o, uint8_t* planes, std::vector<float>& acc) {
+  if (units == 2) return amx_run<Bits, G, 2>(l, u, x, xl, r, r1, o, planes, acc);
+  amx_run<Bits, G, 1>(l, u, x, xl, r, r1, o, planes, acc);
+}
+
+// The full 16-row tiles of rows [r, r1) on AMX (x also in amx_layout's order, xl); returns the
+// first row it left.
+int64_t amx_tiles(const Layout& l, const Unit* u, int64_t units, const QuantX& x,
+                  const int8_t* xl, int64_t r, int64_t r1, const Out& o) {
   if (r1 - r < kAmxLeast) return r;
-  thread_local std::vector<uint8_t> planes;
-  planes.resize(2 * units * l.k * kLanes);
+  alignas(64) uint8_t planes[2 * 2 * kSpanGroups * 32 * kLanes];
+  thread_local std::vector<float> acc;
   configure_tiles({{16, 64}, {16, 64}, {16, 64}, {16, 64}, {16, 64}, {16, 64}, {16, 64}, {16, 64}});
   if (l.bits == 4) {
-    amx_run<4, 32>(l, u, units, x, r, r1, o, planes.data());
+    amx_run<4, 32>(l, u, units, x, xl, r, r1, o, planes, acc);
   } else if (l.group == 32) {
-    amx_run<6, 32>(l, u, units, x, r, r1, o, planes.data());
+    amx_run<6, 32>(l, u, units, x, xl, r, r1, o, planes, acc);
   } else {
-    amx_run<6, 16>(l, u, units, x, r, r1, o, planes.data());
+    amx_run<6, 16>(l, u, units, x, xl, r, r1, o, planes, acc);
   }
   _tile_release();
   return r;
@@ -820,6 +858,8 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight,
 #ifdef INFER_QUANT_AMX
   const bool amx = use_amx() && amx_fits(l, qx) && rows >= kAmxLeast;
   const int64_t row_block = amx ? kAmxRowBlock : kRowBlock;
+  std::vector<int8_t> xl;
+  if (amx) amx_layout(qx, rows, kSpanGroups * l.group, xl);
 #else
   const int64_t row_block = kRowBlock;
 #endif
@@ -859,7 +899,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight,
             b.defined() ? b.data_ptr<float>() + in_col : nullptr, act};
       int64_t r = rb * row_block;
 #ifdef INFER_QUANT_AMX
-      if (amx) r = amx_tiles(l, u, n, qx, r, r1, o);
+      if (amx) r = amx_tiles(l, u, n, qx, xl.data(), r, r1, o);
 #endif
       while (r < r1) {
         const int64_t t = n == 1 && per_pass == 1 && r1 - r >= kWideRows ? kWideRows
