@@ -624,9 +624,11 @@ void run_tile(int64_t rows, const Layout& l, const Unit* u, int64_t units, const
 // vector tile's whenever its float sum of s * dot over a span is exact (below 2^24 in
 // magnitude, as a span's sums are unless nearly every x and u of it is at its largest).
 constexpr int64_t kAmxRows = 16;
-// Rows a pass needs for AMX: below, scaling the weights costs more than the tiles save. A
-// call of many rows goes in passes of more rows than the vector tiles', for the same reason.
-constexpr int64_t kAmxLeast = 32;
+// Rows a pass needs for AMX: below, scaling the weights costs more than the tiles save. One
+// tile already pays for 6-bit weights, whose vector tiles unpack the most; 4-bit weights need
+// two. A call of many rows goes in passes of more rows than the vector tiles', for the same
+// reason.
+constexpr int64_t amx_least(int64_t bits) { return bits == 4 ? 2 * kAmxRows : kAmxRows; }
 constexpr int64_t kAmxRowBlock = 256;
 // Where v = u * s splits into its planes: 4-bit weights v <= 15 * 63, 6-bit |v| <= 63 * 128.
 constexpr int amx_shift(int bits) { return bits == 4 ? 6 : 7; }
@@ -655,6 +657,8 @@ void amx_scale(const Layout& l, const Unit& u, int64_t sp, uint8_t* lo, uint8_t*
         _mm512_set1_epi32(0x01010101));
     const __m512i s_even = _mm512_and_si512(s, even), s_odd = _mm512_andnot_si512(even, s);
     const uint8_t* q = u.q + g * kGroupBytes;
+    for (int64_t line = 0; line < kGroupBytes; line += 64)  // as group_dots does
+      _mm_prefetch(reinterpret_cast<const char*>(q) + line + kAhead, _MM_HINT_T1);
 #pragma GCC unroll 8
     for (int st = 0; st < G / 4; ++st) {
       // four steps a 192-byte quad for 6 bits; weights<4> takes the group's step itself
@@ -804,7 +808,7 @@ void amx_run(const Layout& l, const Unit* u, int64_t units, const QuantX& x, con
 // first row it left.
 int64_t amx_tiles(const Layout& l, const Unit* u, int64_t units, const QuantX& x,
                   const int8_t* xl, int64_t r, int64_t r1, const Out& o) {
-  if (r1 - r < kAmxLeast) return r;
+  if (r1 - r < amx_least(l.bits)) return r;
   alignas(64) uint8_t planes[2 * 2 * kSpanGroups * 32 * kLanes];
   thread_local std::vector<float> acc;
   configure_tiles({{16, 64}, {16, 64}, {16, 64}, {16, 64}, {16, 64}, {16, 64}, {16, 64}, {16, 64}});
@@ -856,7 +860,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight,
   const int64_t blocks = l.n / kLanes;
   const int64_t items = (blocks + kCols - 1) / kCols;
 #ifdef INFER_QUANT_AMX
-  const bool amx = use_amx() && amx_fits(l, qx) && rows >= kAmxLeast;
+  const bool amx = use_amx() && amx_fits(l, qx) && rows >= amx_least(l.bits);
   const int64_t row_block = amx ? kAmxRowBlock : kRowBlock;
   std::vector<int8_t> xl;
   if (amx) amx_layout(qx, rows, kSpanGroups * l.group, xl);

@@ -184,8 +184,9 @@ def test_every_target_gives_the_same_bits() -> None:
 
 @pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q5_K, QT.Q6_K])
 def test_amx_tiles_give_the_vector_tiles_bits(qtype: QT) -> None:
-    """Where the CPU has AMX, K-quant calls of 32 rows or more run on its tiles (the weights
-    scaled per span first): the same outputs as the AVX512 tiles, plain and gated."""
+    """Where the CPU has AMX, K-quant calls of 32 rows or more (16 for 6-bit weights) run on
+    its tiles (the weights scaled per span first): the same outputs as the AVX512 tiles,
+    plain and gated."""
     ops = kernels.ops()
     if not ops.set_amx(True):
         pytest.skip("no AMX here (the CPU lacks it or Linux refused the tile state)")
@@ -196,7 +197,7 @@ def test_amx_tiles_give_the_vector_tiles_bits(qtype: QT) -> None:
     x, bias = torch.randn(300, 1024).bfloat16(), torch.randn(64)
 
     def outputs() -> list[torch.Tensor]:
-        return [ops.quant_linear(x[:n], packed, bias, True) for n in (32, 47, 300)] + [
+        return [ops.quant_linear(x[:n], packed, bias, True) for n in (16, 21, 32, 47, 300)] + [
             ops.quant_gated_linear(x[:40], packed, None, gelu) for gelu in (0, 1)
         ]
 
@@ -208,7 +209,7 @@ def test_amx_tiles_give_the_vector_tiles_bits(qtype: QT) -> None:
         ops.set_amx(True)
     assert all(torch.equal(a, b) for a, b in zip(tiles, vectors, strict=True))
     expected = _reference(x, w) + bias
-    torch.testing.assert_close(tiles[2], expected, atol=2e-5 * expected.abs().max().item(), rtol=0)
+    torch.testing.assert_close(tiles[4], expected, atol=2e-5 * expected.abs().max().item(), rtol=0)
 
 
 @pytest.mark.parametrize(
