@@ -26,8 +26,8 @@
 // keeps its accumulators in registers across K, so each weight load feeds R rows. Every row
 // is computed the same way whatever else is in the call: results do not depend on the batch.
 //
-// Where the CPU has AMX, K-quant calls of 32 rows or more take their integer sums from AMX tiles
-// instead (amx_span): the same numbers by another road, see there.
+// Where the CPU has AMX, K-quant calls of 32 rows or more (16 for 6-bit weights) take their
+// integer sums from AMX tiles instead (amx_span): the same numbers by another road, see there.
 //
 // Each 32-bit lane holds one column's sums, so the arithmetic never crosses lanes: a vector
 // of 8 lanes (AVX2) computes each column with the same operations, in the same order, as one
@@ -809,8 +809,9 @@ void amx_run(const Layout& l, const Unit* u, int64_t units, const QuantX& x, con
 int64_t amx_tiles(const Layout& l, const Unit* u, int64_t units, const QuantX& x,
                   const int8_t* xl, int64_t r, int64_t r1, const Out& o) {
   if (r1 - r < amx_least(l.bits)) return r;
+  // two units' lo and hi planes for one span of the largest groups (32 k's): 16 KB
   alignas(64) uint8_t planes[2 * 2 * kSpanGroups * 32 * kLanes];
-  thread_local std::vector<float> acc;
+  thread_local std::vector<float> acc;  // the pass's float sums, [tiles][16][units][16]
   configure_tiles({{16, 64}, {16, 64}, {16, 64}, {16, 64}, {16, 64}, {16, 64}, {16, 64}, {16, 64}});
   if (l.bits == 4) {
     amx_run<4, 32>(l, u, units, x, xl, r, r1, o, planes, acc);
