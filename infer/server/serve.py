@@ -39,6 +39,9 @@ MALLOC_ARENAS = 2
 
 # After the drain, Hypercorn's own wait for connections to close.
 GRACEFUL_TIMEOUT_S = 5.0
+# How long an idle keep-alive connection stays open (Hypercorn's default is 5 s: a client
+# that pauses longer between requests races the close with its next request).
+KEEP_ALIVE_TIMEOUT_S = 75.0
 
 
 def limit_malloc_arenas(arenas: int = MALLOC_ARENAS) -> bool:
@@ -88,7 +91,7 @@ def hypercorn_config(
     hyper.accesslog = "-" if access_log else None
     hyper.errorlog = "-"
     hyper.graceful_timeout = GRACEFUL_TIMEOUT_S
-    hyper.keep_alive_timeout = 75.0
+    hyper.keep_alive_timeout = KEEP_ALIVE_TIMEOUT_S
     return hyper
 
 

@@ -27,7 +27,7 @@ from torch import nn
 from infer.bench.sse import SSEEvent, SSEParser
 from infer.bench.sse import parse as parse_sse
 from infer.server.app import drain
-from infer.server.serve import serve
+from infer.server.serve import KEEP_ALIVE_TIMEOUT_S, serve
 
 __all__ = ["SSEEvent", "parse_sse"]  # the one SSE parser, re-exported for the tests
 
@@ -64,6 +64,9 @@ async def running_server(
     config = HypercornConfig()
     config.bind = ["127.0.0.1:0"]
     config.graceful_timeout = graceful_timeout_s
+    # as `infer serve`: with Hypercorn's 5 s, a client idle between rounds on a loaded machine
+    # could send its next request as the server closed the connection (a broken pipe)
+    config.keep_alive_timeout = KEEP_ALIVE_TIMEOUT_S
     stop = trio.Event()
     async with trio.open_nursery() as nursery:
         serving = partial(serve, app, config, shutdown_trigger=stop.wait, drain=partial(drain, app))
