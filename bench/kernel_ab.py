@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import random
 import statistics
 import time
 from collections.abc import Callable
@@ -63,24 +62,11 @@ def _call(m: ModuleType, x: torch.Tensor, packed: torch.Tensor, gated: bool) -> 
 
 def steps(builds: dict[str, ModuleType], batch: int, count: int) -> None:
     """Decode steps of the 1.5B at ``batch`` sequences (context 256), the builds in turn."""
-    from infer.bench.workloads import PromptSource
-    from infer.engine.config import EngineConfig
-    from infer.engine.engine import Engine
-    from infer.engine.params import SamplingParams
+    from offline import step_engine
+
     from infer.models.loader import load_model
 
-    loaded = load_model("qwen2.5-coder-1.5b", torch.bfloat16)
-    config = EngineConfig(
-        max_batch_size=batch,
-        max_seq_len=256 + count + 8,
-        prefill_token_budget=4096,
-        kv_cache_gb=4.0,
-    )
-    engine = Engine(config, loaded.model, loaded.tokenizer, loaded.eos_token_ids)
-    prompt = list(PromptSource(loaded.tokenizer).prompt(256, random.Random(0)))
-    greedy = SamplingParams(max_new_tokens=count + 1, temperature=0.0, ignore_eos=True)
-    for _ in range(batch):
-        engine.add_request(prompt, greedy)
+    engine = step_engine(load_model("qwen2.5-coder-1.5b", torch.bfloat16), batch, 256, count + 1)
     tags = list(builds)
     times: dict[str, list[float]] = {t: [] for t in tags}
     original = kernels.ops

@@ -114,6 +114,22 @@ def _run_engine(loaded: LoadedModel, reqs: tuple[BenchRequest, ...], mode: str) 
     return time.perf_counter() - start
 
 
+def step_engine(loaded: LoadedModel, batch: int, context: int, steps: int) -> Engine:
+    """An engine holding ``batch`` copies of one ``context``-token prompt, each to decode
+    ``steps`` greedy tokens: its first step prefills them all, every later one decodes."""
+    config = EngineConfig(
+        max_batch_size=batch,
+        max_seq_len=context + steps + 8,
+        prefill_token_budget=4096,
+        kv_cache_gb=4.0,
+    )
+    engine = Engine(config, loaded.model, loaded.tokenizer, loaded.eos_token_ids)
+    prompt = list(PromptSource(loaded.tokenizer).prompt(context, random.Random(0)))
+    for _ in range(batch):
+        engine.add_request(prompt, _greedy(steps))
+    return engine
+
+
 def bench_steps(
     context: int,
     steps: int,
@@ -133,16 +149,7 @@ def bench_steps(
     else:
         print(f"| batch | decode step ms (context {context}) | tok/s |\n|---|---|---|")
     for batch in batches:
-        config = EngineConfig(
-            max_batch_size=batch,
-            max_seq_len=context + steps + 8,
-            prefill_token_budget=4096,
-            kv_cache_gb=4.0,
-        )
-        engine = Engine(config, loaded.model, loaded.tokenizer, loaded.eos_token_ids)
-        prompt = list(PromptSource(loaded.tokenizer).prompt(context, random.Random(0)))
-        for _ in range(batch):
-            engine.add_request(prompt, _greedy(steps))
+        engine = step_engine(loaded, batch, context, steps)
         times: list[float] = []
         with torch.inference_mode():
             while engine.has_work():
