@@ -20,9 +20,9 @@
 // d_a = max|x| / 127 over a span of k's. Then per row, column and group
 //   sum_k w x = D*s * d_a * sum(u q_a) - M*o * d_a * sum(q_a),
 // where sum(u q_a) is exact in int32 (VPDPBUSD: four u8 x s8 products per lane). A weight
-// with superblocks (the K-quants) shares d_a over a span of up to 8 of its groups, as
-// llama.cpp's Q8_K does over 256 k's: s * sum(u q_a) then adds up in int32 over the span and
-// turns float once per span. Other weights take d_a per group. A tile of R rows x 32 columns
+// with superblocks (the K-quants) shares d_a over a span of 256 k's, as llama.cpp's Q8_K
+// does (8 groups of Q4_K, 16 of Q6_K): s * sum(u q_a) then adds up over the span and turns
+// float once per span. Other weights take d_a per group. A tile of R rows x 32 columns
 // keeps its accumulators in registers across K, so each weight load feeds R rows. Every row
 // is computed the same way whatever else is in the call: results do not depend on the batch.
 //
@@ -68,8 +68,8 @@ constexpr int64_t kRowBlock = 64;         // rows per pass over the weights
 // How far ahead of its loads a tile prefetches its weights (bytes). A tile's columns are
 // contiguous streams of a few KB, too short for the hardware prefetcher to ramp up.
 constexpr int64_t kAhead = 16384;
-// Most groups that share one activation scale (kSpan tiles).
-constexpr int64_t kSpanGroups = 8;
+// Most k's that share one activation scale (kSpan tiles): llama.cpp's Q8_K block.
+constexpr int64_t kSpanK = 256;
 
 enum Act : int { kNone = 0, kSilu = 1, kGelu = 2 };
 // How a tile scales (see tile()): x per group, per group with s = o = 1, per span of groups.
@@ -439,6 +439,29 @@ inline void group_dots(const Unit* u, int64_t g, const int32_t* const* xq, VI (&
       for (int c = 0; c < C; ++c) dot[r][c] = V::widen16(sums[r][c]);
     return;
   }
+  if constexpr (V::kPairs16 && Bits == 6) {
+    // A 6-bit weight's pair sums are at most 2 * 63 * 127: two steps' add in int16, exact,
+    // and widen once, one VPMADDWD a pair of steps instead of one a step.
+    static_assert(2 * 2 * 63 * 127 <= 32767, "two steps' pair sums must fit in int16");
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c) dot[r][c] = V::zero();
+#pragma GCC unroll 8
+    for (int st = 0; st < kSteps; st += 2) {
+      VI lo[C], hi[C];
+      for (int c = 0; c < C; ++c) {
+        lo[c] = weights<Bits>(qg[c], st);
+        hi[c] = weights<Bits>(qg[c], st + 1);
+      }
+      for (int r = 0; r < R; ++r) {
+        const VI x0 = V::set1(xq[r][g * kSteps + st]);
+        const VI x1 = V::set1(xq[r][g * kSteps + st + 1]);
+        for (int c = 0; c < C; ++c)
+          dot[r][c] = V::add(dot[r][c], V::widen16(V::add16(V::pairs16(lo[c], x0),
+                                                            V::pairs16(hi[c], x1))));
+      }
+    }
+    return;
+  }
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) dot[r][c] = V::zero();
   // unrolled, so that each step's nibble and shift are constants
@@ -615,7 +638,7 @@ void run_tile(int64_t rows, const Layout& l, const Unit* u, int64_t units, const
 // AMX for the K-quants (Intel since Sapphire Rapids), 16 rows at a time. TDPBSUD/TDPBSSD
 // multiply 16 rows of 64 int8 x's by 64 k's of 16 columns of bytes in the VNNI order the
 // packed weights have, accumulating int32 in a tile. A group's scale s goes in before them:
-// per span (8 groups, x's scale span) the unit's weights become v = u * s, held as two byte
+// per span (256 k's, x's scale span) the unit's weights become v = u * s, held as two byte
 // planes, lo = v & (2^b - 1) (unsigned) and hi = v >> b (signed), b = 6 for 4-bit weights
 // (v <= 15 * 63) and 7 for 6-bit ones (|v| <= 63 * 128), so that
 //   S = sum_g s * sum(u q_a) = 2^b * sum(hi q_a) + sum(lo q_a)
@@ -637,7 +660,7 @@ constexpr int amx_shift(int bits) { return bits == 4 ? 6 : 7; }
 bool amx_fits(const Layout& l, const QuantX& x) {
   const bool k4 = l.bits == 4 && l.group == 32 && l.supers_every == 8 && l.o_at == kLanes;
   const bool k6 = l.bits == 6 && l.supers_every * l.group == 256 && l.sc_group > 0;
-  return (k4 || k6) && x.per == kSpanGroups && l.k % (kSpanGroups * l.group) == 0;
+  return (k4 || k6) && x.per * l.group == kSpanK && l.k % kSpanK == 0;
 }
 
 // A unit's v = u * s for the groups of span `sp` as two byte planes (steps of 64 bytes, as the
@@ -647,10 +670,11 @@ template <int Bits, int G>
 void amx_scale(const Layout& l, const Unit& u, int64_t sp, uint8_t* lo, uint8_t* hi) {
   constexpr int kShift = amx_shift(Bits);
   constexpr int64_t kGroupBytes = G * kLanes * Bits / 8;
+  constexpr int64_t kGroups = kSpanK / G;
   const __m512i even = _mm512_set1_epi16(0x00FF);
   const __m512i low = _mm512_set1_epi16((1 << kShift) - 1);
-  for (int64_t j = 0; j < kSpanGroups; ++j) {
-    const int64_t g = sp * kSpanGroups + j;
+  for (int64_t j = 0; j < kGroups; ++j) {
+    const int64_t g = sp * kGroups + j;
     // s (its byte) of each of the 16 columns in the four bytes of its lane, in even or odd bytes
     const __m512i s = _mm512_mullo_epi32(
         _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(u.sc + g * l.sc_group))),
@@ -699,7 +723,6 @@ template <int Bits, int G, int C>
 void amx_span(const Layout& l, const Unit* u, uint8_t* const* lo, uint8_t* const* hi,
               const QuantX& x, const int8_t* xt, int64_t t, int64_t sp, float* acc) {
   constexpr int kShift = amx_shift(Bits);
-  constexpr int64_t kSpanK = kSpanGroups * G;  // k's per span
   alignas(64) int32_t sums[2 * C][kAmxRows][kLanes];
   _tile_zero(0);
   _tile_zero(1);
@@ -732,14 +755,15 @@ void amx_span(const Layout& l, const Unit* u, uint8_t* const* lo, uint8_t* const
     _tile_stored(2, sums[2], sizeof sums[0][0]);
     _tile_stored(3, sums[3], sizeof sums[0][0]);
   }
-  const int64_t g0 = sp * kSpanGroups, sb = g0 / l.supers_every;
+  constexpr int64_t kGroups = kSpanK / G;
+  const int64_t g0 = sp * kGroups, sb = g0 / l.supers_every;
   VF dv[C], mv[C];
-  VI pair[C][kSpanGroups / 2];
+  VI pair[C][kGroups / 2];
   for (int c = 0; c < C; ++c) {
     const at::Half* d = u[c].sup + sb * 2 * kLanes;
     dv[c] = V::half(d);
     mv[c] = V::half(d + kLanes);
-    for (int p = 0; p < kSpanGroups / 2; ++p) {
+    for (int p = 0; p < kGroups / 2; ++p) {
       const int8_t* og = u[c].sc + (g0 + 2 * p) * l.sc_group + l.o_at;
       pair[c][p] = V::pairs(og, og + l.sc_group);
     }
@@ -747,8 +771,8 @@ void amx_span(const Layout& l, const Unit* u, uint8_t* const* lo, uint8_t* const
   for (int r = 0; r < kAmxRows; ++r) {
     const int64_t row = t * kAmxRows + r;
     const VF da = V::set1f(x.d[row * x.spans + sp]);
-    VI both[kSpanGroups / 2];
-    for (int p = 0; p < kSpanGroups / 2; ++p) {
+    VI both[kGroups / 2];
+    for (int p = 0; p < kGroups / 2; ++p) {
       int32_t b;
       std::memcpy(&b, &x.bsum[row * x.groups + g0 + 2 * p], sizeof b);
       both[p] = V::set1(b);
@@ -758,7 +782,7 @@ void amx_span(const Layout& l, const Unit* u, uint8_t* const* lo, uint8_t* const
       const VI hi_s = V::load(reinterpret_cast<const uint8_t*>(sums[2 * c + 1][r]));
       const VF sum = V::tof(_mm512_add_epi32(_mm512_slli_epi32(hi_s, kShift), lo_s));
       VI mins = V::zero();
-      for (int p = 0; p < kSpanGroups / 2; ++p) mins = V::dot16(mins, pair[c][p], both[p]);
+      for (int p = 0; p < kGroups / 2; ++p) mins = V::dot16(mins, pair[c][p], both[p]);
       const VF tv = V::fnmadd(mv[c], V::tof(mins), V::mul(dv[c], sum));
       float* a = acc + (r * C + c) * kLanes;
       V::store(a, V::fmadd(tv, da, V::loadf(a)));
@@ -771,7 +795,6 @@ void amx_span(const Layout& l, const Unit* u, uint8_t* const* lo, uint8_t* const
 template <int Bits, int G, int C>
 void amx_run(const Layout& l, const Unit* u, const QuantX& x, const int8_t* xl, int64_t& r,
              int64_t r1, const Out& o, uint8_t* planes, std::vector<float>& acc) {
-  constexpr int64_t kSpanK = kSpanGroups * G;
   constexpr int64_t kPlane = kSpanK * kLanes;  // bytes of one unit's plane for one span
   constexpr int64_t kTileAcc = kAmxRows * C * kLanes;
   const int64_t t0 = r / kAmxRows, tiles = (r1 - r) / kAmxRows, all = x.q.size() / x.k / kAmxRows;
@@ -809,8 +832,8 @@ void amx_run(const Layout& l, const Unit* u, int64_t units, const QuantX& x, con
 int64_t amx_tiles(const Layout& l, const Unit* u, int64_t units, const QuantX& x,
                   const int8_t* xl, int64_t r, int64_t r1, const Out& o) {
   if (r1 - r < amx_least(l.bits)) return r;
-  // two units' lo and hi planes for one span of the largest groups (32 k's): 16 KB
-  alignas(64) uint8_t planes[2 * 2 * kSpanGroups * 32 * kLanes];
+  // two units' lo and hi planes for one span: 16 KB
+  alignas(64) uint8_t planes[2 * 2 * kSpanK * kLanes];
   thread_local std::vector<float> acc;  // the pass's float sums, [tiles][16][units][16]
   configure_tiles({{16, 64}, {16, 64}, {16, 64}, {16, 64}, {16, 64}, {16, 64}, {16, 64}, {16, 64}});
   if (l.bits == 4) {
@@ -825,6 +848,12 @@ int64_t amx_tiles(const Layout& l, const Unit* u, int64_t units, const QuantX& x
 }
 #endif
 
+// Frees v's storage where it is over 4 MB (a decode step of 256 rows x 8960 k's takes 2.3).
+template <typename T>
+void keep_small(std::vector<T>& v) {
+  if (v.capacity() * sizeof(T) > (size_t{4} << 20)) std::vector<T>().swap(v);
+}
+
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight,
                   const c10::optional<at::Tensor>& bias, bool out_float, Act act) {
   const Layout l = layout_of(weight);
@@ -836,12 +865,18 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight,
   auto x2 = x.reshape({-1, l.k}).contiguous();
   const int64_t rows = x2.size(0);
   // x scaled per span of an even number of groups that divides the weight's superblocks
-  // (the K-quants: 8 groups, 256 k's for Q4_K and 128 for Q6_K), else per group
+  // (the K-quants: 256 k's, 8 groups of Q4_K and 16 of Q6_K), else per group
   int64_t per = 1;
   if (l.supers_every % 2 == 0 && l.groups % l.supers_every == 0 && l.sc_group > 0)
-    for (int64_t p = 2; p <= std::min(l.supers_every, kSpanGroups); p += 2)
+    for (int64_t p = 2; p <= std::min(l.supers_every, kSpanK / l.group); p += 2)
       if (l.supers_every % p == 0) per = p;
-  QuantX qx;
+  // x quantized (and below, its AMX copy) in buffers the calling thread keeps between calls,
+  // so that the calls of a decode step reuse pages instead of faulting in fresh zeroed ones.
+  // (References: the work items run on other threads, which must see these.)
+  thread_local QuantX kept_qx;
+  thread_local std::vector<int8_t> kept_xl;
+  QuantX& qx = kept_qx;
+  std::vector<int8_t>& xl = kept_xl;
   if (x2.scalar_type() == at::kFloat) {
     quantize_rows(x2.data_ptr<float>(), rows, l.k, l.group, per, qx);
   } else {
@@ -863,8 +898,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight,
 #ifdef INFER_QUANT_AMX
   const bool amx = use_amx() && amx_fits(l, qx) && rows >= amx_least(l.bits);
   const int64_t row_block = amx ? kAmxRowBlock : kRowBlock;
-  std::vector<int8_t> xl;
-  if (amx) amx_layout(qx, rows, kSpanGroups * l.group, xl);
+  if (amx) amx_layout(qx, rows, kSpanK, xl);
 #else
   const int64_t row_block = kRowBlock;
 #endif
@@ -915,6 +949,9 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight,
     }
   };
   parallel_owned(items * row_blocks, work);
+  // a prefill chunk's buffers go back: only a decode step's sizes stay
+  keep_small(qx.q);
+  keep_small(xl);
   return out;
 }
 

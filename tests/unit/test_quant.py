@@ -99,17 +99,17 @@ def test_other_types_are_not_kept() -> None:
     assert quant.from_gguf(QT.F32, raw, (4, 64)) is None
 
 
-SPAN_GROUPS = 8  # most groups that share one activation scale (quant_linear.cpp's)
+SPAN_K = 256  # most k's that share one activation scale (quant_linear.cpp's kSpanK)
 
 
 def _reference(x: torch.Tensor, w: QuantTensor) -> torch.Tensor:
     """The kernel's arithmetic in torch: x quantized to int8 (d = max|x| / 127) per span of
-    up to 8 groups within a K-quant's superblock (as llama.cpp's Q8_K) or else per group,
+    up to 256 k's within a K-quant's superblock (as llama.cpp's Q8_K) or else per group,
     integer dot products per group, then the group's float scale and offset."""
     n, k = w.shape
     g, per = w.group, 1
     if w.supers_every % 2 == 0 and (k // g) % w.supers_every == 0 and quant.stored_scales(w) < 2:
-        spans = range(2, min(w.supers_every, SPAN_GROUPS) + 1, 2)
+        spans = range(2, min(w.supers_every, SPAN_K // g) + 1, 2)
         per = max(p for p in spans if w.supers_every % p == 0)
     xs = x.float().reshape(x.shape[0], k // (g * per), g * per)
     amax = xs.abs().amax(-1, keepdim=True)
