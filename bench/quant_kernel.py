@@ -26,6 +26,7 @@ from infer.models.quant import QuantTensor, pack
 CASES = (
     ("gate/up Q4_K", 17920, 1536, 4, 32, 8, False),
     ("down Q6_K", 1536, 8960, 6, 16, 16, True),
+    ("down Q4_K", 1536, 8960, 4, 32, 8, False),
     ("q/k/v 6-bit", 2048, 1536, 6, 16, 16, False),
 )
 

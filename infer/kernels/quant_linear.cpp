@@ -63,7 +63,7 @@ constexpr int64_t kHeader = 128;          // bytes
 constexpr int64_t kLanes = 16;            // columns per block of the packed layout
 constexpr int64_t kCols = 2;              // 16-column blocks per work item
 constexpr int64_t kRows = 4;              // rows per tile
-constexpr int64_t kWideRows = 8;          // rows per tile of one unit (6-bit weights, 16 lanes)
+constexpr int64_t kWideRows = 8;          // rows per tile of one unit (see wide_tile)
 constexpr int64_t kRowBlock = 64;         // rows per pass over the weights
 // How far ahead of its loads a tile prefetches its weights (bytes). A tile's columns are
 // contiguous streams of a few KB, too short for the hardware prefetcher to ramp up.
@@ -260,6 +260,11 @@ struct V {
 #endif
 
 constexpr int64_t kW = V::kWidth;  // columns per vector: a tile's unit
+// Whether weights of `bits` go one unit a pass, in tiles of kWideRows rows where a call has
+// that many: 6-bit weights, whose unpacking costs the most (each weight vector unpacked then
+// feeds twice the rows), on 16 lanes and on AVX2 (not AVX-VNNI: not measured there). On AVX2,
+// 4-bit weights measured no faster so (their 4 x 2 tile spills some int16 sums).
+constexpr bool wide_tile(int64_t bits) { return bits == 6 && (kW == 16 || V::kPairs16); }
 using VI = V::I;
 using VF = V::F;
 
@@ -595,8 +600,8 @@ void tile(const Layout& l, const Unit* u, const QuantX& x, int64_t r0, const Out
 template <int Bits, int G, int C, int Mode>
 void rows_tile(int64_t rows, const Layout& l, const Unit* u, const QuantX& x, int64_t r0,
                const Out& o) {
-  if constexpr (C == 1 && Bits == 6 && kW == 16)
-    if (rows == 8) return tile<Bits, G, 8, C, Mode>(l, u, x, r0, o);
+  if constexpr (C == 1 && wide_tile(Bits))
+    if (rows == kWideRows) return tile<Bits, G, kWideRows, C, Mode>(l, u, x, r0, o);
   switch (rows) {
     case 4: return tile<Bits, G, 4, C, Mode>(l, u, x, r0, o);
     case 3: return tile<Bits, G, 3, C, Mode>(l, u, x, r0, o);
@@ -910,9 +915,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight,
     return Unit{l.q + blk * l.q_block + half * kW * 4, l.sc + blk * l.sc_block + half * kW,
                 l.sup + blk * l.sup_block + half * kW};
   };
-  // 6-bit weights on 16 lanes, whose unpacking costs the most, go one unit a pass in tiles of
-  // kWideRows rows where there are that many: each weight vector unpacked feeds twice the rows.
-  const int64_t per_pass = kW == 16 && l.bits == 6 && rows >= kWideRows ? 1 : 2;  // not gated
+  const int64_t per_pass = wide_tile(l.bits) && rows >= kWideRows ? 1 : 2;  // not gated
   auto work = [&](int64_t i, int64_t) {
     const int64_t t = i % items, rb = i / items;
     const int64_t b0 = t * kCols, nblocks = std::min(kCols, blocks - b0);
