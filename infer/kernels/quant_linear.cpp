@@ -3,7 +3,8 @@
 // VPMADDWD).
 //
 // A weight is one uint8 tensor (packed by infer/models/quant.py): a 128-byte header (magic,
-// bits, G, S, N, K, the offsets of sc and sup, which of s and o sc holds), then
+// bits, G, S, N, K, the offsets of sc and sup, which of s and o sc holds, whether o = s with
+// M = 32 D), then
 //   q    per 16 output columns, every k: unsigned 8-bit values [K/4][16][4] (four k's of a
 //        column in one 32-bit lane, VPDPBUSD's operand), or 4-bit values [K/8][16][4] whose
 //        low nibbles are k 0-3 and high nibbles k 4-7 of each eight, or 6-bit values: per
@@ -122,6 +123,8 @@ struct V {
   static F loadf(const float* p) { return _mm512_loadu_ps(p); }
   static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
   static F addf(F a, F b) { return _mm512_add_ps(a, b); }
+  static F subf(F a, F b) { return _mm512_sub_ps(a, b); }
+  static I slli32(I a, unsigned n) { return _mm512_slli_epi32(a, n); }
   static F fmadd(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
   static F fnmadd(F a, F b, F c) { return _mm512_fnmadd_ps(a, b, c); }
   static F silu(F x) { return silu16(x); }
@@ -218,6 +221,8 @@ struct V {
   static F loadf(const float* p) { return _mm256_loadu_ps(p); }
   static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
   static F addf(F a, F b) { return _mm256_add_ps(a, b); }
+  static F subf(F a, F b) { return _mm256_sub_ps(a, b); }
+  static I slli32(I a, unsigned n) { return _mm256_slli_epi32(a, n); }
   static F fmadd(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
   static F fnmadd(F a, F b, F c) { return _mm256_fnmadd_ps(a, b, c); }
   static F silu(F x) { return silu8(x); }
@@ -276,6 +281,7 @@ struct Layout {
   int64_t q_block, sc_block, sup_block;  // bytes / entries per 16-column block
   int64_t sc_group;  // bytes of sc per 16-column block and group: 32 (s, o), 16 (s = o), 0
   int64_t o_at;      // where a group's o is in its sc: 16, or 0 (o = s)
+  bool fold;         // o = s and M = 32 D (Q6_K): w = D s (u - 32)
   int64_t groups, supers;
 };
 
@@ -284,7 +290,7 @@ Layout layout_of(const at::Tensor& w) {
                   w.numel() >= kHeader,
               "a quantized weight is a contiguous uint8 tensor packed by infer.models.quant");
   const auto* base = w.data_ptr<uint8_t>();
-  int64_t h[9];
+  int64_t h[10];
   std::memcpy(h, base, sizeof h);
   TORCH_CHECK(h[0] == kMagic, "not a quantized weight (bad header)");
   Layout l;
@@ -302,6 +308,8 @@ Layout layout_of(const at::Tensor& w) {
   TORCH_CHECK(h[8] >= 0 && h[8] <= 2, "unsupported quantized layout");
   l.sc_group = (2 - h[8]) * kLanes;  // h[8]: 0 both stored, 1 o = s, 2 s = o = 1
   l.o_at = h[8] == 0 ? kLanes : 0;
+  TORCH_CHECK(h[9] == 0 || (h[9] == 1 && h[8] == 1), "unsupported quantized layout");
+  l.fold = h[9] == 1;
   l.sc_block = l.groups * l.sc_group;
   l.sup_block = l.supers * 2 * kLanes;
   const int64_t blocks = l.n / kLanes;
@@ -562,7 +570,10 @@ void tile(const Layout& l, const Unit* u, const QuantX& x, int64_t r0, const Out
         for (int r = 0; r < R; ++r) {
           const VF da = V::set1f(x.d[(r0 + r) * x.spans + p0 / x.per]);
           for (int c = 0; c < C; ++c) {
-            const VF t = V::fnmadd(mv[c], V::tof(mins[r][c]), V::mul(dv[c], sum[r][c]));
+            // D (S - 32 sum_g s sum(q_a)) where M = 32 D: the AMX tiles' number (amx_scale)
+            const VF t =
+                l.fold ? V::mul(dv[c], V::subf(sum[r][c], V::tof(V::slli32(mins[r][c], 5))))
+                       : V::fnmadd(mv[c], V::tof(mins[r][c]), V::mul(dv[c], sum[r][c]));
             acc[r][c] = V::fmadd(t, da, acc[r][c]);
           }
         }
@@ -651,6 +662,9 @@ void run_tile(int64_t rows, const Layout& l, const Unit* u, int64_t units, const
 // the kSpan tile's: acc += d_a * (D * S - M * sum_g o * sum(q_a)), so the outputs are the
 // vector tile's whenever its float sum of s * dot over a span is exact (below 2^24 in
 // magnitude, as a span's sums are unless nearly every x and u of it is at its largest).
+// Where the layout folds Q6_K's offsets in (o = s, M = 32 D), v = s * (u - 32) instead and
+// acc += d_a * D * S, with no offsets term: the vector tile's d_a * D * (S - 32 * sum_g s *
+// sum(q_a)), the same while that last sum times 32 is below 2^24 too.
 constexpr int64_t kAmxRows = 16;
 // Rows a pass needs for AMX: below, scaling the weights costs more than the tiles save. One
 // tile already pays for 6-bit weights, whose vector tiles unpack the most; 4-bit weights need
@@ -658,7 +672,8 @@ constexpr int64_t kAmxRows = 16;
 // reason.
 constexpr int64_t amx_least(int64_t bits) { return bits == 4 ? 2 * kAmxRows : kAmxRows; }
 constexpr int64_t kAmxRowBlock = 256;
-// Where v = u * s splits into its planes: 4-bit weights v <= 15 * 63, 6-bit |v| <= 63 * 128.
+// Where v = u * s splits into its planes: 4-bit weights v <= 15 * 63, 6-bit |v| <= 63 * 128
+// (or |s (u - 32)| <= 128 * 32 where the layout folds Q6_K's offsets in).
 constexpr int amx_shift(int bits) { return bits == 4 ? 6 : 7; }
 
 // Q4_K (4 bits, G 32, s and o), Q5_K (6-bit layout, G 32, s and o) and Q6_K (G 16, o = s)
@@ -671,7 +686,7 @@ bool amx_fits(const Layout& l, const QuantX& x) {
 // A unit's v = u * s for the groups of span `sp` as two byte planes (steps of 64 bytes, as the
 // packed layout), written from the planes' start: a span's planes stay in L1 while every row
 // tile of the pass takes its products from them.
-template <int Bits, int G>
+template <int Bits, int G, bool Fold>
 void amx_scale(const Layout& l, const Unit& u, int64_t sp, uint8_t* lo, uint8_t* hi) {
   constexpr int kShift = amx_shift(Bits);
   constexpr int64_t kGroupBytes = G * kLanes * Bits / 8;
@@ -685,6 +700,8 @@ void amx_scale(const Layout& l, const Unit& u, int64_t sp, uint8_t* lo, uint8_t*
         _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(u.sc + g * l.sc_group))),
         _mm512_set1_epi32(0x01010101));
     const __m512i s_even = _mm512_and_si512(s, even), s_odd = _mm512_andnot_si512(even, s);
+    // 32 s as int16 (s is the high byte of each 16-bit lane), taken off where w = D s (u - 32)
+    const __m512i s32 = _mm512_slli_epi16(_mm512_srai_epi16(s, 8), 5);
     const uint8_t* q = u.q + g * kGroupBytes;
     for (int64_t line = 0; line < kGroupBytes; line += 64)  // as group_dots does
       _mm_prefetch(reinterpret_cast<const char*>(q) + line + kAhead, _MM_HINT_T1);
@@ -693,7 +710,11 @@ void amx_scale(const Layout& l, const Unit& u, int64_t sp, uint8_t* lo, uint8_t*
       // four steps a 192-byte quad for 6 bits; weights<4> takes the group's step itself
       const __m512i w = Bits == 4 ? weights<4>(q, st) : weights<6>(q + st / 4 * 192, st % 4);
       // v of the even bytes, and of the odd ones, as int16 (VPMADDUBSW with a zero partner)
-      const __m512i ve = _mm512_maddubs_epi16(w, s_even), vo = _mm512_maddubs_epi16(w, s_odd);
+      __m512i ve = _mm512_maddubs_epi16(w, s_even), vo = _mm512_maddubs_epi16(w, s_odd);
+      if constexpr (Fold) {
+        ve = _mm512_sub_epi16(ve, s32);
+        vo = _mm512_sub_epi16(vo, s32);
+      }
       const __m512i l8 = _mm512_or_si512(_mm512_and_si512(ve, low),
                                          _mm512_slli_epi16(_mm512_and_si512(vo, low), 8));
       const __m512i h8 = _mm512_or_si512(_mm512_and_si512(_mm512_srai_epi16(ve, kShift), even),
@@ -763,11 +784,29 @@ void amx_span(const Layout& l, const Unit* u, uint8_t* const* lo, uint8_t* const
   constexpr int64_t kGroups = kSpanK / G;
   const int64_t g0 = sp * kGroups, sb = g0 / l.supers_every;
   VF dv[C], mv[C];
-  VI pair[C][kGroups / 2];
   for (int c = 0; c < C; ++c) {
     const at::Half* d = u[c].sup + sb * 2 * kLanes;
     dv[c] = V::half(d);
     mv[c] = V::half(d + kLanes);
+  }
+  // S of unit c, row r: exact in int32
+  auto span_sum = [&](int c, int r) {
+    const VI lo_s = V::load(reinterpret_cast<const uint8_t*>(sums[2 * c][r]));
+    const VI hi_s = V::load(reinterpret_cast<const uint8_t*>(sums[2 * c + 1][r]));
+    return V::tof(_mm512_add_epi32(_mm512_slli_epi32(hi_s, kShift), lo_s));
+  };
+  if (l.fold) {  // w = D s (u - 32): the planes took the offsets in (amx_scale), acc += d_a D S
+    for (int r = 0; r < kAmxRows; ++r) {
+      const VF da = V::set1f(x.d[(t * kAmxRows + r) * x.spans + sp]);
+      for (int c = 0; c < C; ++c) {
+        float* a = acc + (r * C + c) * kLanes;
+        V::store(a, V::fmadd(V::mul(dv[c], span_sum(c, r)), da, V::loadf(a)));
+      }
+    }
+    return;
+  }
+  VI pair[C][kGroups / 2];
+  for (int c = 0; c < C; ++c) {
     for (int p = 0; p < kGroups / 2; ++p) {
       const int8_t* og = u[c].sc + (g0 + 2 * p) * l.sc_group + l.o_at;
       pair[c][p] = V::pairs(og, og + l.sc_group);
@@ -783,12 +822,9 @@ void amx_span(const Layout& l, const Unit* u, uint8_t* const* lo, uint8_t* const
       both[p] = V::set1(b);
     }
     for (int c = 0; c < C; ++c) {
-      const VI lo_s = V::load(reinterpret_cast<const uint8_t*>(sums[2 * c][r]));
-      const VI hi_s = V::load(reinterpret_cast<const uint8_t*>(sums[2 * c + 1][r]));
-      const VF sum = V::tof(_mm512_add_epi32(_mm512_slli_epi32(hi_s, kShift), lo_s));
       VI mins = V::zero();
       for (int p = 0; p < kGroups / 2; ++p) mins = V::dot16(mins, pair[c][p], both[p]);
-      const VF tv = V::fnmadd(mv[c], V::tof(mins), V::mul(dv[c], sum));
+      const VF tv = V::fnmadd(mv[c], V::tof(mins), V::mul(dv[c], span_sum(c, r)));
       float* a = acc + (r * C + c) * kLanes;
       V::store(a, V::fmadd(tv, da, V::loadf(a)));
     }
@@ -810,7 +846,13 @@ void amx_run(const Layout& l, const Unit* u, const QuantX& x, const int8_t* xl, 
   }
   acc.assign(tiles * kTileAcc, 0.0f);
   for (int64_t sp = 0; sp < l.k / kSpanK; ++sp) {
-    for (int c = 0; c < C; ++c) amx_scale<Bits, G>(l, u[c], sp, lo[c], hi[c]);
+    for (int c = 0; c < C; ++c) {
+      if (Bits == 6 && l.fold) {
+        amx_scale<Bits, G, true>(l, u[c], sp, lo[c], hi[c]);
+      } else {
+        amx_scale<Bits, G, false>(l, u[c], sp, lo[c], hi[c]);
+      }
+    }
     for (int64_t t = 0; t < tiles; ++t) {
       const int8_t* xt = xl + (sp * all + t0 + t) * kSpanK * kAmxRows;
       amx_span<Bits, G, C>(l, u, lo, hi, x, xt, t0 + t, sp, acc.data() + t * kTileAcc);

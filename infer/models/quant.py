@@ -138,7 +138,10 @@ def pack(t: QuantTensor) -> torch.Tensor:
     off_sc = _align(_HEADER + blocks * q_block)
     off_sup = _align(off_sc + blocks * sc_block)
     out = torch.zeros(off_sup + blocks * sup_block, dtype=torch.uint8)
-    fields = [MAGIC, t.bits, t.group, t.supers_every, n, k, off_sc, off_sup, stored]
+    # 1 where every weight is D s (u - 32), as Q6_K's are (o = s, M = 32 D): the kernels then
+    # take 32 s off each s u instead of summing the offsets apart
+    folded = int(stored == 1 and torch.equal(t.m.float(), t.d.float() * 32))
+    fields = [MAGIC, t.bits, t.group, t.supers_every, n, k, off_sc, off_sup, stored, folded]
     header = torch.tensor(fields + [0] * (_HEADER // 8 - len(fields)), dtype=torch.int64)
     out[:_HEADER] = header.view(torch.uint8)
     # a few MB at a time (see from_gguf); every part is laid out block after block
