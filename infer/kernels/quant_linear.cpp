@@ -407,6 +407,15 @@ inline VI weights(const uint8_t* q, int64_t step) {
   }
 }
 
+// The C units' weight vectors of steps st and st + 1 (of one group, from qg).
+template <int Bits, int C>
+inline void step_pair(const uint8_t* const* qg, int st, VI (&lo)[C], VI (&hi)[C]) {
+  for (int c = 0; c < C; ++c) {
+    lo[c] = weights<Bits>(qg[c], st);
+    hi[c] = weights<Bits>(qg[c], st + 1);
+  }
+}
+
 // The dot products of one group: dot[r][c] = sum over its k's of u * q_a (exact, int32).
 template <int Bits, int G, int R, int C>
 inline void group_dots(const Unit* u, int64_t g, const int32_t* const* xq, VI (&dot)[R][C]) {
@@ -430,10 +439,7 @@ inline void group_dots(const Unit* u, int64_t g, const int32_t* const* xq, VI (&
     // unrolled further: with every step's weights unpacked ahead, 16 registers spill.
     auto pass = [&](int st) {
       VI lo[C], hi[C];
-      for (int c = 0; c < C; ++c) {
-        lo[c] = weights<Bits>(qg[c], st);
-        hi[c] = weights<Bits>(qg[c], st + 1);
-      }
+      step_pair<Bits, C>(qg, st, lo, hi);
       for (int r = 0; r < R; ++r) {
         const VI x0 = V::set1(xq[r][g * kSteps + st]);
         for (int c = 0; c < C; ++c) sums[r][c] = V::add16(sums[r][c], V::pairs16(lo[c], x0));
@@ -461,10 +467,7 @@ inline void group_dots(const Unit* u, int64_t g, const int32_t* const* xq, VI (&
 #pragma GCC unroll 8
     for (int st = 0; st < kSteps; st += 2) {
       VI lo[C], hi[C];
-      for (int c = 0; c < C; ++c) {
-        lo[c] = weights<Bits>(qg[c], st);
-        hi[c] = weights<Bits>(qg[c], st + 1);
-      }
+      step_pair<Bits, C>(qg, st, lo, hi);
       for (int r = 0; r < R; ++r) {
         const VI x0 = V::set1(xq[r][g * kSteps + st]);
         const VI x1 = V::set1(xq[r][g * kSteps + st + 1]);
