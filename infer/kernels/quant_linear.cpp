@@ -267,9 +267,9 @@ struct V {
 constexpr int64_t kW = V::kWidth;  // columns per vector: a tile's unit
 // Whether weights of `bits` go one unit a pass, in tiles of kWideRows rows where a call has
 // that many: 6-bit weights, whose unpacking costs the most (each weight vector unpacked then
-// feeds twice the rows), on 16 lanes and on AVX2 (not AVX-VNNI: not measured there). On AVX2,
-// 4-bit weights measured no faster so (their 4 x 2 tile spills some int16 sums).
-constexpr bool wide_tile(int64_t bits) { return bits == 6 && (kW == 16 || V::kPairs16); }
+// feeds twice the rows), on every target. On AVX2, 4-bit weights measured no faster so (their
+// 4 x 2 tile spills some int16 sums).
+constexpr bool wide_tile(int64_t bits) { return bits == 6; }
 using VI = V::I;
 using VF = V::F;
 
