@@ -60,13 +60,15 @@ def _call(m: ModuleType, x: torch.Tensor, packed: torch.Tensor, gated: bool) -> 
     return m.quant_linear(x, packed, None, True)
 
 
-def steps(builds: dict[str, ModuleType], batch: int, count: int) -> None:
-    """Decode steps of the 1.5B at ``batch`` sequences (context 256), the builds in turn."""
+def steps(builds: dict[str, ModuleType], batch: int, count: int, context: int) -> None:
+    """Decode steps of the 1.5B at ``batch`` sequences of ``context`` tokens, the builds in
+    turn."""
     from offline import step_engine
 
     from infer.models.loader import load_model
 
-    engine = step_engine(load_model("qwen2.5-coder-1.5b", torch.bfloat16), batch, 256, count + 1)
+    loaded = load_model("qwen2.5-coder-1.5b", torch.bfloat16)
+    engine = step_engine(loaded, batch, context, count + 1)
     tags = list(builds)
     times: dict[str, list[float]] = {t: [] for t in tags}
     original = kernels.ops
@@ -117,12 +119,13 @@ def main() -> None:
     p.add_argument("--rows", default="1,16,64", help="comma-separated row counts of the calls")
     p.add_argument("--step", type=int, default=0, help="time decode steps at this batch instead")
     p.add_argument("--steps", type=int, default=40, help="--step: decode steps in all")
+    p.add_argument("--context", type=int, default=256, help="--step: each sequence's prompt")
     args = p.parse_args()
     builds = {tag: load(tag, Path(path)) for tag, path in (a.split("=", 1) for a in args.builds)}
     if len({id(m) for m in builds.values()}) != len(builds):
         raise SystemExit("two tags loaded the same module")
     if args.step:
-        steps(builds, args.step, args.steps)
+        steps(builds, args.step, args.steps, args.context)
     else:
         calls(builds, [int(r) for r in args.rows.split(",")])
 

@@ -116,12 +116,14 @@ def _run_engine(loaded: LoadedModel, reqs: tuple[BenchRequest, ...], mode: str) 
 
 def step_engine(loaded: LoadedModel, batch: int, context: int, steps: int) -> Engine:
     """An engine holding ``batch`` copies of one ``context``-token prompt, each to decode
-    ``steps`` greedy tokens: its first step prefills them all, every later one decodes."""
+    ``steps`` greedy tokens: its first step prefills them all, every later one decodes one
+    token per sequence (no drafts: a verify step would run several rows per sequence)."""
     config = EngineConfig(
         max_batch_size=batch,
         max_seq_len=context + steps + 8,
         prefill_token_budget=4096,
         kv_cache_gb=4.0,
+        draft_tokens=0,
     )
     engine = Engine(config, loaded.model, loaded.tokenizer, loaded.eos_token_ids)
     prompt = list(PromptSource(loaded.tokenizer).prompt(context, random.Random(0)))
