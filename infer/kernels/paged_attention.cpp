@@ -6,8 +6,9 @@
 // one VDPBF16PS scores a query against a block's 16 positions two dimensions at a time (no
 // horizontal sums), and one adds two positions' weighted values (P rounded to bf16, as the
 // prefill kernel and torch's flash kernel do): a third of the instructions of widening bf16
-// to float and FMA-ing. Elsewhere a generic loop computes the same in float. Each (sequence,
-// KV head) reads its own blocks once, for its own length, for every query head of its group.
+// to float and FMA-ing; each (sequence, KV head) reads its own blocks from memory once, for
+// its own length, for every query head of its group. Elsewhere a generic loop computes the
+// same in float, a few query heads per pass over the blocks.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -167,6 +168,20 @@ void attend_one(const Shape& s, int64_t seq, int64_t h, const T* q, const T* k_c
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
 constexpr int64_t kB = 16;
 constexpr int64_t kAhead = 2;  // blocks prefetched ahead
+// Query heads of one KV head per pass over its keys and values: every head of the groups
+// models have (2 to 8), so that each block is read from memory once.
+constexpr int64_t kGroupMax = 8;
+// Blocks of values whose P.V slices are taken in turn (see attend_chunk_bf16): 1024 positions,
+// 256 KB of one head's values at head size 128, in L2 beside the scores.
+constexpr int64_t kPvBlocks = 64;
+// Vectors of 16 dimensions per P.V slice: the most that divide kC with kG * kS accumulators
+// in 24 of the 32 registers.
+constexpr int64_t pv_slice(int64_t g, int64_t c) {
+  int64_t best = 1;
+  for (int64_t k = 1; k <= c; ++k)
+    if (c % k == 0 && g * k <= 24) best = k;
+  return best;
+}
 
 // kG query heads of one KV head (their q rows are consecutive, kD bf16 each) over positions
 // [first, end). scores and probs hold kG rows of `width` positions from first's block start.
@@ -183,14 +198,22 @@ void attend_chunk_bf16(const Shape& s, int64_t h, const uint16_t* q, const uint1
   // Scores: two accumulators per head (even and odd dimension pairs) hide VDPBF16PS latency.
   for (int64_t b = b0; b < b1; ++b) {
     const uint16_t* keys = k_cache + table[b] * block_elems + h * kD * kB;  // [D/2, 16, 2]
+    // The block kAhead on, or past the last the first value blocks (for the P.V pass): its
+    // lines two per step below, not in one burst, which stalls on the line fill buffers.
     const int64_t ahead = b + kAhead;
+    const char* next = nullptr;
     if (ahead < b1)
-      prefetch(k_cache + table[ahead] * block_elems + h * kD * kB, kD * kB * 2);
-    else if (ahead - (b1 - b0) < b1)  // the first value blocks, for the P.V pass
-      prefetch(v_cache + table[ahead - (b1 - b0)] * block_elems + h * kD * kB, kD * kB * 2);
+      next = reinterpret_cast<const char*>(k_cache + table[ahead] * block_elems + h * kD * kB);
+    else if (ahead - (b1 - b0) < b1)
+      next = reinterpret_cast<const char*>(v_cache + table[ahead - (b1 - b0)] * block_elems +
+                                           h * kD * kB);
     __m512 acc[kG][2];
     for (int64_t g = 0; g < kG; ++g) acc[g][0] = acc[g][1] = _mm512_setzero_ps();
     for (int64_t p = 0; p < kPairs; p += 2) {
+      if (next) {  // a block is kD / 2 lines: kPairs / 2 steps of two
+        _mm_prefetch(next + p * 64, _MM_HINT_T1);
+        _mm_prefetch(next + p * 64 + 64, _MM_HINT_T1);
+      }
       const __m512bh k0 = (__m512bh)_mm512_loadu_si512(keys + p * kB * 2);
       const __m512bh k1 = (__m512bh)_mm512_loadu_si512(keys + (p + 1) * kB * 2);
       for (int64_t g = 0; g < kG; ++g) {
@@ -209,31 +232,48 @@ void attend_chunk_bf16(const Shape& s, int64_t h, const uint16_t* q, const uint1
     softmax_bf16(scores + g * width, probs + g * width, 0, lo, hi, width);
   // P.V, two positions per VDPBF16PS. A pair half outside [lo, hi) is masked to zero when
   // loaded: a stale value there (another sequence's, even a NaN) must not reach 0 * value.
+  // kG heads' kD sums do not all fit in registers: they go kS vectors (of 16 dimensions) at a
+  // time, over chunks of kPvBlocks blocks, so that a chunk's values, read from memory by the
+  // first slice, are in L2 for the others. Each sum still adds its positions in order.
   const auto* pp = reinterpret_cast<const int32_t*>(probs);  // [kG][width / 2] pairs
-  __m512 acc[kG][kC];
-  for (int64_t g = 0; g < kG; ++g)
-    for (int64_t c = 0; c < kC; ++c) acc[g][c] = _mm512_setzero_ps();
-  for (int64_t b = b0; b < b1; ++b) {
-    const uint16_t* values = v_cache + table[b] * block_elems + h * kD * kB;  // [8, D, 2]
-    if (b + kAhead < b1)
-      prefetch(v_cache + table[b + kAhead] * block_elems + h * kD * kB, kD * kB * 2);
-    const int64_t base = (b - b0) * kB;
-    const int64_t j0 = std::max<int64_t>(lo - base, 0) / 2;
-    const int64_t j1 = (std::min<int64_t>(hi - base, kB) + 1) / 2;
-    for (int64_t j = j0; j < j1; ++j) {
-      const int64_t t = base + 2 * j;  // the pair's first position
-      const __mmask32 keep = t < lo ? 0xAAAAAAAAu : t + 1 >= hi ? 0x55555555u : 0xFFFFFFFFu;
-      __m512bh v[kC];
-      for (int64_t c = 0; c < kC; ++c)
-        v[c] = (__m512bh)_mm512_maskz_loadu_epi16(keep, values + (j * kD + c * 16) * 2);
-      for (int64_t g = 0; g < kG; ++g) {
-        const __m512bh w = (__m512bh)_mm512_set1_epi32(pp[g * width / 2 + t / 2]);
-        for (int64_t c = 0; c < kC; ++c) acc[g][c] = _mm512_dpbf16_ps(acc[g][c], v[c], w);
+  constexpr int64_t kS = pv_slice(kG, kC);
+  for (int64_t cb = b0; cb < b1; cb += kPvBlocks) {
+    const int64_t ce = std::min(b1, cb + kPvBlocks);
+    for (int64_t c0 = 0; c0 < kC; c0 += kS) {
+      __m512 acc[kG][kS];
+      for (int64_t g = 0; g < kG; ++g)
+        for (int64_t c = 0; c < kS; ++c)
+          acc[g][c] = cb == b0 ? _mm512_setzero_ps()
+                               : _mm512_loadu_ps(acc_out + g * kD + (c0 + c) * 16);
+      for (int64_t b = cb; b < ce; ++b) {
+        const uint16_t* values = v_cache + table[b] * block_elems + h * kD * kB;  // [8, D, 2]
+        // the first slice brings the block kAhead on, a row a step (as the scores)
+        const char* next =
+            c0 == 0 && b + kAhead < b1
+                ? reinterpret_cast<const char*>(v_cache + table[b + kAhead] * block_elems + h * kD * kB)
+                : nullptr;
+        const int64_t base = (b - b0) * kB;
+        const int64_t j0 = std::max<int64_t>(lo - base, 0) / 2;
+        const int64_t j1 = (std::min<int64_t>(hi - base, kB) + 1) / 2;
+        for (int64_t j = j0; j < j1; ++j) {
+          const int64_t t = base + 2 * j;  // the pair's first position
+          if (next)
+            for (int64_t line = 0; line < kD / 16; ++line)  // a row of the block: 2 kD bf16
+              _mm_prefetch(next + (j * kD / 16 + line) * 64, _MM_HINT_T1);
+          const __mmask32 keep = t < lo ? 0xAAAAAAAAu : t + 1 >= hi ? 0x55555555u : 0xFFFFFFFFu;
+          __m512bh v[kS];
+          for (int64_t c = 0; c < kS; ++c)
+            v[c] = (__m512bh)_mm512_maskz_loadu_epi16(keep, values + (j * kD + (c0 + c) * 16) * 2);
+          for (int64_t g = 0; g < kG; ++g) {
+            const __m512bh w = (__m512bh)_mm512_set1_epi32(pp[g * width / 2 + t / 2]);
+            for (int64_t c = 0; c < kS; ++c) acc[g][c] = _mm512_dpbf16_ps(acc[g][c], v[c], w);
+          }
+        }
       }
+      for (int64_t g = 0; g < kG; ++g)
+        for (int64_t c = 0; c < kS; ++c) _mm512_storeu_ps(acc_out + g * kD + (c0 + c) * 16, acc[g][c]);
     }
   }
-  for (int64_t g = 0; g < kG; ++g)
-    for (int64_t c = 0; c < kC; ++c) _mm512_storeu_ps(acc_out + g * kD + c * 16, acc[g][c]);
 }
 
 template <int64_t kD>
@@ -241,25 +281,29 @@ void attend_one_bf16(const Shape& s, int64_t seq, int64_t h, const c10::BFloat16
                      const c10::BFloat16* k_cache, const c10::BFloat16* v_cache,
                      const int32_t* table, int64_t first, int64_t end, c10::BFloat16* out,
                      std::vector<float>& scores, std::vector<uint16_t>& probs) {
-  constexpr int64_t kChunk = chunk_heads(kD);
   const int64_t width = ((end + kB - 1) / kB - first / kB) * kB, groups = s.groups;
-  scores.resize(kChunk * width);
-  probs.resize(kChunk * width);
-  float acc[kChunk * kD];
+  const int64_t chunk = std::min(kGroupMax, groups);
+  scores.resize(chunk * width);
+  probs.resize(chunk * width);
+  float acc[kGroupMax * kD];
   const auto* kc = reinterpret_cast<const uint16_t*>(k_cache);
   const auto* vc = reinterpret_cast<const uint16_t*>(v_cache);
-  for (int64_t g0 = 0; g0 < groups; g0 += kChunk) {
-    const int64_t n = std::min(kChunk, groups - g0);
+  for (int64_t g0 = 0; g0 < groups; g0 += kGroupMax) {
+    const int64_t n = std::min(kGroupMax, groups - g0);
     const auto* qg = reinterpret_cast<const uint16_t*>(q + seq * s.q_stride + (h * groups + g0) * kD);
+    auto run = [&](auto heads) {
+      attend_chunk_bf16<kD, decltype(heads)::value>(s, h, qg, kc, vc, table, first, end,
+                                                    scores.data(), probs.data(), acc);
+    };
     switch (n) {
-      case 4: attend_chunk_bf16<kD, std::min<int64_t>(4, kChunk)>(
-                  s, h, qg, kc, vc, table, first, end, scores.data(), probs.data(), acc); break;
-      case 3: attend_chunk_bf16<kD, std::min<int64_t>(3, kChunk)>(
-                  s, h, qg, kc, vc, table, first, end, scores.data(), probs.data(), acc); break;
-      case 2: attend_chunk_bf16<kD, std::min<int64_t>(2, kChunk)>(
-                  s, h, qg, kc, vc, table, first, end, scores.data(), probs.data(), acc); break;
-      default: attend_chunk_bf16<kD, 1>(
-                   s, h, qg, kc, vc, table, first, end, scores.data(), probs.data(), acc); break;
+      case 8: run(std::integral_constant<int64_t, 8>{}); break;
+      case 7: run(std::integral_constant<int64_t, 7>{}); break;
+      case 6: run(std::integral_constant<int64_t, 6>{}); break;
+      case 5: run(std::integral_constant<int64_t, 5>{}); break;
+      case 4: run(std::integral_constant<int64_t, 4>{}); break;
+      case 3: run(std::integral_constant<int64_t, 3>{}); break;
+      case 2: run(std::integral_constant<int64_t, 2>{}); break;
+      default: run(std::integral_constant<int64_t, 1>{}); break;
     }
     c10::BFloat16* dst = out + seq * s.n_heads * kD + (h * groups + g0) * kD;
 #pragma omp simd
@@ -274,8 +318,9 @@ inline int64_t attended_from(const Shape& s, int64_t stop) {
 }
 
 // Every (sequence, KV head) of the batch. Waking a second thread costs tens of microseconds
-// when OpenMP threads sleep between regions (OMP_WAIT_POLICY=PASSIVE): below a few thousand
-// positions, run in this thread.
+// when OpenMP threads sleep between regions (OMP_WAIT_POLICY=PASSIVE); in a decode step they
+// are still spinning from the linear before (GOMP_SPINCOUNT, infer/__init__.py). Below a few
+// hundred positions, run in this thread.
 template <typename F>
 void for_each_head(const Shape& s, const int32_t* lens, const F& fn) {
   int64_t positions = 0;
@@ -288,7 +333,7 @@ void for_each_head(const Shape& s, const int32_t* lens, const F& fn) {
       if (stop > start) fn(seq, h, start, stop);
     }
   };
-  if (positions * s.n_kv < 4096) {
+  if (positions * s.n_kv < 512) {
     work(0, items);
   } else {
     // Chunks of a few items: each item prefetches the next one's first blocks.
