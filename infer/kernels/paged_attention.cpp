@@ -6,9 +6,9 @@
 // one VDPBF16PS scores a query against a block's 16 positions two dimensions at a time (no
 // horizontal sums), and one adds two positions' weighted values (P rounded to bf16, as the
 // prefill kernel and torch's flash kernel do): a third of the instructions of widening bf16
-// to float and FMA-ing; each (sequence, KV head) reads its own blocks from memory once, for
-// its own length, for every query head of its group. Elsewhere a generic loop computes the
-// same in float, a few query heads per pass over the blocks.
+// to float and FMA-ing. Elsewhere a generic loop computes the same in float. Each (sequence,
+// KV head) reads its own blocks from memory once, for its own length, for every query head
+// of its group.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -39,8 +39,9 @@ inline void prefetch(const void* p, int64_t bytes) {
   for (int64_t i = 0; i < bytes; i += 64) __builtin_prefetch(c + i, 0, 2);
 }
 
-// Query heads per pass: as many as keep kG * D float accumulators within 16 AVX-512 registers.
-constexpr int64_t chunk_heads(int64_t dim) { return dim && dim <= 64 ? 4 : dim <= 128 ? 2 : 1; }
+// Query heads of one KV head per pass over its keys and values: every head of the groups
+// models have (2 to 8), so that each block is read from memory once.
+constexpr int64_t kGroupMax = 8;
 
 // ---- Generic: any dtype, head size and block size, in float ------------------------------
 
@@ -130,33 +131,37 @@ void attend_chunk(const Shape& s, int64_t h, const float* qf, const T* k_cache, 
   sum_values<T, kD, kBlock, kG>(s, h, v_cache, table, first, end, scores, len, acc);
 }
 
-// One (sequence, KV head), every query head of its group, kChunk heads per pass. kD and
-// kBlock are compile-time sizes (0: take them from `s`).
+// One (sequence, KV head), every query head of its group, up to kGroupMax heads per pass. kD
+// and kBlock are compile-time sizes (0: take them from `s`).
 template <typename T, int64_t kD, int64_t kBlock>
 void attend_one(const Shape& s, int64_t seq, int64_t h, const T* q, const T* k_cache,
                 const T* v_cache, const int32_t* table, int64_t first, int64_t end, T* out,
                 std::vector<float>& scores, std::vector<float>& qf) {
   const int64_t dim = kD ? kD : s.dim, groups = s.groups, len = end - first;
-  constexpr int64_t kChunk = chunk_heads(kD);
-  scores.resize(kChunk * len);
+  const int64_t chunk = std::min(kGroupMax, groups);
+  scores.resize(chunk * len);
   qf.resize(groups * dim);
-  std::vector<float> acc(kChunk * dim);
+  std::vector<float> acc(chunk * dim);
   for (int64_t g = 0; g < groups; ++g) {
     const T* src = q + seq * s.q_stride + (h * groups + g) * dim;
     for (int64_t i = 0; i < dim; ++i) qf[g * dim + i] = to_float(src[i]) * s.scale;
   }
-  for (int64_t g0 = 0; g0 < groups; g0 += kChunk) {
-    const int64_t n = std::min(kChunk, groups - g0);
+  for (int64_t g0 = 0; g0 < groups; g0 += kGroupMax) {
+    const int64_t n = std::min(kGroupMax, groups - g0);
     const float* qg = qf.data() + g0 * dim;
+    auto run = [&](auto heads) {
+      attend_chunk<T, kD, kBlock, decltype(heads)::value>(s, h, qg, k_cache, v_cache, table,
+                                                          first, end, scores.data(), acc.data());
+    };
     switch (n) {
-      case 4: attend_chunk<T, kD, kBlock, 4>(s, h, qg, k_cache, v_cache, table, first, end,
-                                             scores.data(), acc.data()); break;
-      case 3: attend_chunk<T, kD, kBlock, 3>(s, h, qg, k_cache, v_cache, table, first, end,
-                                             scores.data(), acc.data()); break;
-      case 2: attend_chunk<T, kD, kBlock, 2>(s, h, qg, k_cache, v_cache, table, first, end,
-                                             scores.data(), acc.data()); break;
-      default: attend_chunk<T, kD, kBlock, 1>(s, h, qg, k_cache, v_cache, table, first, end,
-                                              scores.data(), acc.data()); break;
+      case 8: run(std::integral_constant<int64_t, 8>{}); break;
+      case 7: run(std::integral_constant<int64_t, 7>{}); break;
+      case 6: run(std::integral_constant<int64_t, 6>{}); break;
+      case 5: run(std::integral_constant<int64_t, 5>{}); break;
+      case 4: run(std::integral_constant<int64_t, 4>{}); break;
+      case 3: run(std::integral_constant<int64_t, 3>{}); break;
+      case 2: run(std::integral_constant<int64_t, 2>{}); break;
+      default: run(std::integral_constant<int64_t, 1>{}); break;
     }
     T* dst = out + seq * s.n_heads * dim + (h * groups + g0) * dim;
     for (int64_t i = 0; i < n * dim; ++i) dst[i] = from_float<T>(acc[i]);
@@ -168,9 +173,6 @@ void attend_one(const Shape& s, int64_t seq, int64_t h, const T* q, const T* k_c
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
 constexpr int64_t kB = 16;
 constexpr int64_t kAhead = 2;  // blocks prefetched ahead
-// Query heads of one KV head per pass over its keys and values: every head of the groups
-// models have (2 to 8), so that each block is read from memory once.
-constexpr int64_t kGroupMax = 8;
 // Blocks of values whose P.V slices are taken in turn (see attend_chunk_bf16): 1024 positions,
 // 256 KB of one head's values at head size 128, in L2 beside the scores.
 constexpr int64_t kPvBlocks = 64;
