@@ -33,6 +33,8 @@ def ops(request: pytest.FixtureRequest) -> ModuleType:
         (128, 16, 0, 4),
         (256, 16, 0, 4),
         (64, 16, 7, 8),
+        (128, 16, 0, 6),
+        (128, 16, 9, 7),
     ],
 )
 def test_kernel_matches_reference(
@@ -56,6 +58,32 @@ def test_kernel_matches_reference(
     )
     tol = 1e-4 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(got.float(), want, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("head_dim,groups,window", [(128, 6, 0), (64, 3, 1500), (256, 4, 0)])
+def test_long_sequences_match_reference(ops: ModuleType, dtype, head_dim, groups, window) -> None:
+    """Sequences past a thousand positions, whose values the kernel sums in chunks of
+    positions and slices of the head, one sequence alone (its KV heads split over the
+    threads) and several together."""
+    gen = torch.Generator().manual_seed(head_dim + groups)
+    kv, block = 2, 16
+    for lens in ([2100], [1500, 37, 1040]):
+        n = len(lens)
+        max_blocks = -(-max(lens) // block)
+        pool = n * max_blocks + 2
+        k_cache = torch.randn(pool, kv, head_dim // 2, block, 2, generator=gen).to(dtype)
+        v_cache = torch.randn(pool, kv, block // 2, head_dim, 2, generator=gen).to(dtype)
+        tables = torch.randperm(pool, generator=gen)[: n * max_blocks].view(n, max_blocks)
+        tables = tables.to(torch.int32).contiguous()
+        seq_lens = torch.tensor(lens, dtype=torch.int32)
+        q = torch.randn(n, kv * groups, head_dim, generator=gen).to(dtype)
+        got = ops.paged_decode_attention(q, k_cache, v_cache, tables, seq_lens, 0.2, window)
+        want = decode_attention_torch(
+            q.float(), k_cache.float(), v_cache.float(), tables, seq_lens, 0.2, window
+        )
+        tol = 1e-4 if dtype == torch.float32 else 2e-2
+        torch.testing.assert_close(got.float(), want, atol=tol, rtol=tol)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
