@@ -945,11 +945,13 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight,
     TORCH_CHECK(b.numel() == l.n, "bias must be [out_features]");
   }
   const int64_t blocks = l.n / kLanes;
-  // One row, bound by reading the weights: a pass pairs a unit of the first half of the blocks
-  // with its twin in the second half, two streams far apart, which the memory serves faster
-  // than neighbours (a decode step of the 1.5B 3.5-5% faster; `bench/membw.cpp`'s streams).
-  // Each column's numbers are the same whichever unit shares its pass.
-  const bool far = rows == 1 && act == kNone && blocks % 2 == 0;
+  // One row, bound by reading the weights: a pass pairs a block of the first half with its
+  // twin in the second half, two streams far apart, which the memory serves faster than
+  // neighbours (a decode step of the 1.5B 3.5-5% faster; `bench/membw.cpp`'s streams). Each
+  // column's numbers are the same whichever unit shares its pass. On 8 lanes a unit is half
+  // a block, half of each line: there a pass keeps both halves of one block (twins far apart
+  // read every line twice, 4-7% slower).
+  const bool far = rows == 1 && act == kNone && blocks % 2 == 0 && kW == kLanes;
   const int64_t items = far ? blocks / 2 : (blocks + kCols - 1) / kCols;
 #ifdef INFER_QUANT_AMX
   const bool amx = use_amx() && amx_fits(l, qx) && rows >= amx_least(l.bits);
