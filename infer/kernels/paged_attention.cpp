@@ -43,6 +43,22 @@ inline void prefetch(const void* p, int64_t bytes) {
 // models have (2 to 8), so that each block is read from memory once.
 constexpr int64_t kGroupMax = 8;
 
+// f(std::integral_constant<int64_t, n>{}) for n in [1, kGroupMax]: the heads of a pass as a
+// compile-time count (their accumulators are arrays in registers).
+template <typename F>
+inline void with_heads(int64_t n, const F& f) {
+  switch (n) {
+    case 8: return f(std::integral_constant<int64_t, 8>{});
+    case 7: return f(std::integral_constant<int64_t, 7>{});
+    case 6: return f(std::integral_constant<int64_t, 6>{});
+    case 5: return f(std::integral_constant<int64_t, 5>{});
+    case 4: return f(std::integral_constant<int64_t, 4>{});
+    case 3: return f(std::integral_constant<int64_t, 3>{});
+    case 2: return f(std::integral_constant<int64_t, 2>{});
+    default: return f(std::integral_constant<int64_t, 1>{});
+  }
+}
+
 // ---- Generic: any dtype, head size and block size, in float ------------------------------
 
 // Scores of kG query heads over one block of keys [D/2, block, 2]: each pair of key rows is
@@ -153,16 +169,7 @@ void attend_one(const Shape& s, int64_t seq, int64_t h, const T* q, const T* k_c
       attend_chunk<T, kD, kBlock, decltype(heads)::value>(s, h, qg, k_cache, v_cache, table,
                                                           first, end, scores.data(), acc.data());
     };
-    switch (n) {
-      case 8: run(std::integral_constant<int64_t, 8>{}); break;
-      case 7: run(std::integral_constant<int64_t, 7>{}); break;
-      case 6: run(std::integral_constant<int64_t, 6>{}); break;
-      case 5: run(std::integral_constant<int64_t, 5>{}); break;
-      case 4: run(std::integral_constant<int64_t, 4>{}); break;
-      case 3: run(std::integral_constant<int64_t, 3>{}); break;
-      case 2: run(std::integral_constant<int64_t, 2>{}); break;
-      default: run(std::integral_constant<int64_t, 1>{}); break;
-    }
+    with_heads(n, run);
     T* dst = out + seq * s.n_heads * dim + (h * groups + g0) * dim;
     for (int64_t i = 0; i < n * dim; ++i) dst[i] = from_float<T>(acc[i]);
   }
@@ -297,16 +304,7 @@ void attend_one_bf16(const Shape& s, int64_t seq, int64_t h, const c10::BFloat16
       attend_chunk_bf16<kD, decltype(heads)::value>(s, h, qg, kc, vc, table, first, end,
                                                     scores.data(), probs.data(), acc);
     };
-    switch (n) {
-      case 8: run(std::integral_constant<int64_t, 8>{}); break;
-      case 7: run(std::integral_constant<int64_t, 7>{}); break;
-      case 6: run(std::integral_constant<int64_t, 6>{}); break;
-      case 5: run(std::integral_constant<int64_t, 5>{}); break;
-      case 4: run(std::integral_constant<int64_t, 4>{}); break;
-      case 3: run(std::integral_constant<int64_t, 3>{}); break;
-      case 2: run(std::integral_constant<int64_t, 2>{}); break;
-      default: run(std::integral_constant<int64_t, 1>{}); break;
-    }
+    with_heads(n, run);
     c10::BFloat16* dst = out + seq * s.n_heads * kD + (h * groups + g0) * kD;
 #pragma omp simd
     for (int64_t i = 0; i < n * kD; ++i) dst[i] = from_float<c10::BFloat16>(acc[i]);

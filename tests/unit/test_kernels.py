@@ -40,24 +40,11 @@ def ops(request: pytest.FixtureRequest) -> ModuleType:
 def test_kernel_matches_reference(
     ops: ModuleType, dtype, head_dim: int, block: int, window: int, groups: int
 ) -> None:
-    """Every query-head grouping (GQA 1, 3, 4, 5, 8) and head size, with and without windows."""
+    """Every query-head grouping (GQA 1, 3, 4, 5, 6, 7, 8) and head size, with and without
+    windows."""
     gen = torch.Generator().manual_seed(head_dim + block + window + groups)
-    n, kv = 7, 3
-    lens = torch.tensor([1, 2, block, block + 1, 3 * block - 1, 5 * block, 37], dtype=torch.int32)
-    max_blocks = int(-(-lens.max() // block))
-    pool = n * max_blocks + 3
-    k_cache = torch.randn(pool, kv, head_dim // 2, block, 2, generator=gen).to(dtype)
-    v_cache = torch.randn(pool, kv, block // 2, head_dim, 2, generator=gen).to(dtype)
-    # Every sequence owns its own blocks, scattered over the pool.
-    tables = torch.randperm(pool, generator=gen)[: n * max_blocks].view(n, max_blocks)
-    tables = tables.to(torch.int32).contiguous()
-    q = torch.randn(n, kv * groups, head_dim, generator=gen).to(dtype)
-    got = ops.paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.3, window)
-    want = decode_attention_torch(
-        q.float(), k_cache.float(), v_cache.float(), tables, lens, 0.3, window
-    )
-    tol = 1e-4 if dtype == torch.float32 else 2e-2
-    torch.testing.assert_close(got.float(), want, atol=tol, rtol=tol)
+    lens = [1, 2, block, block + 1, 3 * block - 1, 5 * block, 37]
+    _check_decode(ops, gen, lens, 3, groups, head_dim, block, window, dtype)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -67,23 +54,38 @@ def test_long_sequences_match_reference(ops: ModuleType, dtype, head_dim, groups
     positions and slices of the head, one sequence alone (its KV heads split over the
     threads) and several together."""
     gen = torch.Generator().manual_seed(head_dim + groups)
-    kv, block = 2, 16
     for lens in ([2100], [1500, 37, 1040]):
-        n = len(lens)
-        max_blocks = -(-max(lens) // block)
-        pool = n * max_blocks + 2
-        k_cache = torch.randn(pool, kv, head_dim // 2, block, 2, generator=gen).to(dtype)
-        v_cache = torch.randn(pool, kv, block // 2, head_dim, 2, generator=gen).to(dtype)
-        tables = torch.randperm(pool, generator=gen)[: n * max_blocks].view(n, max_blocks)
-        tables = tables.to(torch.int32).contiguous()
-        seq_lens = torch.tensor(lens, dtype=torch.int32)
-        q = torch.randn(n, kv * groups, head_dim, generator=gen).to(dtype)
-        got = ops.paged_decode_attention(q, k_cache, v_cache, tables, seq_lens, 0.2, window)
-        want = decode_attention_torch(
-            q.float(), k_cache.float(), v_cache.float(), tables, seq_lens, 0.2, window
-        )
-        tol = 1e-4 if dtype == torch.float32 else 2e-2
-        torch.testing.assert_close(got.float(), want, atol=tol, rtol=tol)
+        _check_decode(ops, gen, lens, 2, groups, head_dim, 16, window, dtype)
+
+
+def _check_decode(
+    ops: ModuleType,
+    gen: torch.Generator,
+    lens: list[int],
+    kv: int,
+    groups: int,
+    head_dim: int,
+    block: int,
+    window: int,
+    dtype: torch.dtype,
+) -> None:
+    """The kernel against the torch reference for sequences of ``lens`` positions, each
+    owning its own blocks, scattered over a pool with a few spare."""
+    n = len(lens)
+    max_blocks = -(-max(lens) // block)
+    pool = n * max_blocks + 3
+    k_cache = torch.randn(pool, kv, head_dim // 2, block, 2, generator=gen).to(dtype)
+    v_cache = torch.randn(pool, kv, block // 2, head_dim, 2, generator=gen).to(dtype)
+    tables = torch.randperm(pool, generator=gen)[: n * max_blocks].view(n, max_blocks)
+    tables = tables.to(torch.int32).contiguous()
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    q = torch.randn(n, kv * groups, head_dim, generator=gen).to(dtype)
+    got = ops.paged_decode_attention(q, k_cache, v_cache, tables, seq_lens, 0.3, window)
+    want = decode_attention_torch(
+        q.float(), k_cache.float(), v_cache.float(), tables, seq_lens, 0.3, window
+    )
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got.float(), want, atol=tol, rtol=tol)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
