@@ -2,8 +2,8 @@
 // last-level cache, several passes of each kind, and the best pass is reported. The kinds:
 // plain loads; the same with software prefetching (which streams faster on some CPUs); and
 // four streams per thread (its share's quarters read side by side, prefetched), which keeps
-// more misses in flight: on this VM it read 15-25% more than one prefetched stream in the
-// same minutes. A batch-1 decode step reads every weight once, so bytes per token ÷ this is
+// more misses in flight: on this VM it read 11% more than one prefetched stream in the same
+// minutes. A batch-1 decode step reads every weight once, so bytes per token ÷ this is
 // the fastest a step can be; `infer bench` compiles and runs it (infer/bench/bandwidth.py)
 // and compares W1's ITL with it.
 //

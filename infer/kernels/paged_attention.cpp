@@ -257,10 +257,10 @@ void attend_chunk_bf16(const Shape& s, int64_t h, const uint16_t* q, const uint1
       for (int64_t b = cb; b < ce; ++b) {
         const uint16_t* values = v_cache + table[b] * block_elems + h * kD * kB;  // [8, D, 2]
         // the first slice brings the block kAhead on, a row a step (as the scores)
-        const char* next =
-            c0 == 0 && b + kAhead < b1
-                ? reinterpret_cast<const char*>(v_cache + table[b + kAhead] * block_elems + h * kD * kB)
-                : nullptr;
+        const char* next = c0 == 0 && b + kAhead < b1
+                               ? reinterpret_cast<const char*>(
+                                     v_cache + table[b + kAhead] * block_elems + h * kD * kB)
+                               : nullptr;
         const int64_t base = (b - b0) * kB;
         const int64_t j0 = std::max<int64_t>(lo - base, 0) / 2;
         const int64_t j1 = (std::min<int64_t>(hi - base, kB) + 1) / 2;
@@ -272,7 +272,8 @@ void attend_chunk_bf16(const Shape& s, int64_t h, const uint16_t* q, const uint1
           const __mmask32 keep = t < lo ? 0xAAAAAAAAu : t + 1 >= hi ? 0x55555555u : 0xFFFFFFFFu;
           __m512bh v[kS];
           for (int64_t c = 0; c < kS; ++c)
-            v[c] = (__m512bh)_mm512_maskz_loadu_epi16(keep, values + (j * kD + (c0 + c) * 16) * 2);
+            v[c] = (__m512bh)_mm512_maskz_loadu_epi16(keep,
+                                                      values + (j * kD + (c0 + c) * 16) * 2);
           for (int64_t g = 0; g < kG; ++g) {
             const __m512bh w = (__m512bh)_mm512_set1_epi32(pp[g * width / 2 + t / 2]);
             for (int64_t c = 0; c < kS; ++c) acc[g][c] = _mm512_dpbf16_ps(acc[g][c], v[c], w);
@@ -280,7 +281,8 @@ void attend_chunk_bf16(const Shape& s, int64_t h, const uint16_t* q, const uint1
         }
       }
       for (int64_t g = 0; g < kG; ++g)
-        for (int64_t c = 0; c < kS; ++c) _mm512_storeu_ps(acc_out + g * kD + (c0 + c) * 16, acc[g][c]);
+        for (int64_t c = 0; c < kS; ++c)
+          _mm512_storeu_ps(acc_out + g * kD + (c0 + c) * 16, acc[g][c]);
     }
   }
 }

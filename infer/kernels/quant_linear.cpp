@@ -977,15 +977,16 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight,
     // next block's, at the same offset); one row pairs twins far apart (above); else each
     // pass takes consecutive units.
     const int64_t units = nblocks * kHalves;
-    const int64_t passes = far || act != kNone ? kHalves : (units + per_pass - 1) / per_pass;
+    const int64_t passes =
+        far ? 1 : act == kNone ? (units + per_pass - 1) / per_pass : kHalves;
     for (int64_t pass = 0; pass < passes; ++pass) {
       Unit u[2];
       int64_t n = 0, col = 0;
       int64_t unit_step = kW;
-      if (far) {
-        u[n++] = unit(t, pass);
-        u[n++] = unit(t + blocks / 2, pass);
-        col = t * kLanes + pass * kW;
+      if (far) {  // a unit is a whole block here (kW == kLanes)
+        u[n++] = unit(t, 0);
+        u[n++] = unit(t + blocks / 2, 0);
+        col = t * kLanes;
         unit_step = blocks / 2 * kLanes;
       } else if (act == kNone) {
         for (int64_t j = per_pass * pass; j < std::min(units, per_pass * pass + per_pass); ++j)
