@@ -945,13 +945,17 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight,
     TORCH_CHECK(b.numel() == l.n, "bias must be [out_features]");
   }
   const int64_t blocks = l.n / kLanes;
-  // One row, bound by reading the weights: a pass pairs a block of the first half with its
-  // twin in the second half, two streams far apart, which the memory serves faster than
-  // neighbours (a decode step of the 1.5B 3.5-5% faster; `bench/membw.cpp`'s streams). Each
-  // column's numbers are the same whichever unit shares its pass. On 8 lanes a unit is half
-  // a block, half of each line: there a pass keeps both halves of one block (twins far apart
-  // read every line twice, 4-7% slower).
-  const bool far = rows == 1 && act == kNone && blocks % 2 == 0 && kW == kLanes;
+  // One row is bound by reading the weights, and CPUs differ in which order reads fastest.
+  // On Intel (Emerald Rapids) a pass pairs a block of the first half with its twin in the
+  // second half, two streams far apart (a decode step of the 1.5B 3.5-5% faster than
+  // neighbouring blocks). On AMD (Zen 5) each thread reads one stream, block after block, a
+  // block a pass (6% faster than far twins). Each column's numbers are the same whichever
+  // unit shares its pass. On 8 lanes a unit is half a block, half of each line: there a
+  // pass takes both halves of one block (twins far apart read every line twice, 4-7% slower).
+  static const bool far_twins = __builtin_cpu_is("intel");
+  const bool one_row = rows == 1 && kW == kLanes;
+  const bool far = one_row && far_twins && act == kNone && blocks % 2 == 0;
+  const bool one_stream = one_row && !far_twins;
   const int64_t items = far ? blocks / 2 : (blocks + kCols - 1) / kCols;
 #ifdef INFER_QUANT_AMX
   const bool amx = use_amx() && amx_fits(l, qx) && rows >= amx_least(l.bits);
@@ -968,7 +972,8 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight,
     return Unit{l.q + blk * l.q_block + half * kW * 4, l.sc + blk * l.sc_block + half * kW,
                 l.sup + blk * l.sup_block + half * kW};
   };
-  const int64_t per_pass = wide_tile(l.bits) && rows >= kWideRows ? 1 : 2;  // not gated
+  // units a pass, not gated: one where a tile of one unit is wide or one row reads a stream
+  const int64_t per_pass = (wide_tile(l.bits) && rows >= kWideRows) || one_stream ? 1 : 2;
   auto work = [&](int64_t i, int64_t) {
     const int64_t t = i % items, rb = i / items;
     const int64_t b0 = t * kCols, nblocks = std::min(kCols, blocks - b0);
