@@ -31,6 +31,7 @@ COLORS = {
     "llama.cpp-ngram": "darkred",
     "llama.cpp-draft": "magenta",
     "infer-avx2": "teal",
+    "infer-avx2-nospec": "darkcyan",
     "llama.cpp-avx2": "olive",
 }
 # Without a sweep, these workloads' runs are the throughput chart's points (at most one per

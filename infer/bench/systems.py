@@ -10,7 +10,8 @@ llama.cpp's peers are ``llama.cpp-ngram`` (its n-gram drafts, in a setting of ll
 flags chosen per run) and ``llama.cpp-draft`` (the 0.5B model drafting for the 1.5B). An infer
 server's draft counters (``/metrics``) are read around every workload. ``llama.cpp-avx2`` is
 llama-server built for AVX2 alone (no AVX-512, VNNI or AMX), as most x86 machines run it;
-``infer-avx2`` is infer with its kernels built for the same (``INFER_KERNEL_ISA=avx2``).
+``infer-avx2`` is infer with its kernels built for the same (``INFER_KERNEL_ISA=avx2``), and
+``infer-avx2-nospec`` that with no drafts (the kernels alone against llama.cpp-avx2's).
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ SYSTEMS = (
     "infer-prediction",
     "infer-draft",
     "infer-avx2",
+    "infer-avx2-nospec",
     "llama.cpp",
     "llama.cpp-avx2",
     "llama.cpp-ngram",
@@ -73,6 +75,7 @@ OPT_IN_SYSTEMS = frozenset(
         "infer-prediction",
         "infer-draft",
         "infer-avx2",
+        "infer-avx2-nospec",
         "llama.cpp-avx2",
         "llama.cpp-ngram",
         "llama.cpp-draft",
@@ -89,9 +92,13 @@ INFER_SERVERS = {
     # Qwen2.5-Coder-0.5B drafting (for the 1.5B: the same tokenizer).
     "infer-draft": ("continuous", ["--draft-model", "qwen2.5-coder-0.5b"]),
     "infer-avx2": ("continuous", []),
+    "infer-avx2-nospec": ("continuous", ["--draft-tokens", "0"]),
 }
 # The environment of those that differ from the bench's own.
-INFER_ENV = {"infer-avx2": {"INFER_KERNEL_ISA": "avx2"}}
+INFER_ENV = {
+    "infer-avx2": {"INFER_KERNEL_ISA": "avx2"},
+    "infer-avx2-nospec": {"INFER_KERNEL_ISA": "avx2"},
+}
 PREDICTING = frozenset({"infer-prediction"})  # their client sends each request's prediction
 # llama.cpp's speculative peers, each run once per setting of llama-server flags
 # (--llama-spec, --llama-draft); the draft model's path is added to llama.cpp-draft's.
