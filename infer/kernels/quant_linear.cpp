@@ -949,7 +949,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight,
   // On Intel (Emerald Rapids) a pass pairs a block of the first half with its twin in the
   // second half, two streams far apart (a decode step of the 1.5B 3.5-5% faster than
   // neighbouring blocks). On AMD (Zen 5) each thread reads one stream, block after block, a
-  // block a pass (6% faster than far twins). Each column's numbers are the same whichever
+  // block a pass (4-6% faster than far twins). Each column's numbers are the same whichever
   // unit shares its pass. On 8 lanes a unit is half a block, half of each line: there a
   // pass takes both halves of one block (twins far apart read every line twice, 4-7% slower).
   static const bool far_twins = __builtin_cpu_is("intel");
@@ -979,8 +979,8 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight,
     const int64_t b0 = t * kCols, nblocks = std::min(kCols, blocks - b0);
     const int64_t r1 = std::min(rows, (rb + 1) * row_block);
     // Passes of up to two units: a gated item pairs each gate unit with its up unit (the
-    // next block's, at the same offset); one row pairs twins far apart (above); else each
-    // pass takes consecutive units.
+    // next block's, at the same offset); one row on Intel pairs twins far apart (above);
+    // else each pass takes consecutive units.
     const int64_t units = nblocks * kHalves;
     const int64_t passes =
         far ? 1 : act == kNone ? (units + per_pass - 1) / per_pass : kHalves;
