@@ -952,10 +952,12 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight,
   // block a pass (4-6% faster than far twins). Each column's numbers are the same whichever
   // unit shares its pass. On 8 lanes a unit is half a block, half of each line: there a
   // pass takes both halves of one block (twins far apart read every line twice, 4-7% slower).
+  // A gated call on AMD reads one stream too: a gate block whole, then its up block (the
+  // next in memory), each into float sums, then the activation (a decode step 9% faster
+  // than the two side by side).
   static const bool far_twins = __builtin_cpu_is("intel");
-  const bool one_row = rows == 1 && kW == kLanes;
-  const bool far = one_row && far_twins && act == kNone && blocks % 2 == 0;
-  const bool one_stream = one_row && !far_twins;
+  const bool far = rows == 1 && far_twins && act == kNone && blocks % 2 == 0 && kW == kLanes;
+  const bool one_stream = rows == 1 && !far_twins;
   const int64_t items = far ? blocks / 2 : (blocks + kCols - 1) / kCols;
 #ifdef INFER_QUANT_AMX
   const bool amx = use_amx() && amx_fits(l, qx) && rows >= amx_least(l.bits);
@@ -973,7 +975,9 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight,
                 l.sup + blk * l.sup_block + half * kW};
   };
   // units a pass, not gated: one where a tile of one unit is wide or one row reads a stream
-  const int64_t per_pass = (wide_tile(l.bits) && rows >= kWideRows) || one_stream ? 1 : 2;
+  // (on 8 lanes a pass of two reads one block)
+  const int64_t per_pass =
+      (wide_tile(l.bits) && rows >= kWideRows) || (one_stream && kHalves == 1) ? 1 : 2;
   auto work = [&](int64_t i, int64_t) {
     const int64_t t = i % items, rb = i / items;
     const int64_t b0 = t * kCols, nblocks = std::min(kCols, blocks - b0);
@@ -984,6 +988,24 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight,
     const int64_t units = nblocks * kHalves;
     const int64_t passes =
         far ? 1 : act == kNone ? (units + per_pass - 1) / per_pass : kHalves;
+    if (one_stream && act != kNone) {  // the gate block, then the up block (above)
+      alignas(64) float sums[2 * kLanes];
+      for (int64_t j = 0; j < 2; ++j) {
+        Unit u[kHalves];
+        for (int64_t h = 0; h < kHalves; ++h) u[h] = unit(b0 + j, h);
+        const Out o{sums + j * kLanes, kLanes, true,
+                    b.defined() ? b.data_ptr<float>() + (b0 + j) * kLanes : nullptr, kNone};
+        run_tile(1, l, u, kHalves, qx, 0, o);
+      }
+      for (int64_t h = 0; h < kHalves; ++h) {
+        const int64_t col = b0 / 2 * kLanes + h * kW;
+        const Out o{static_cast<char*>(out.data_ptr()) + col * elem, width, out_float, nullptr,
+                    act};
+        const VF acc[2] = {V::loadf(sums + h * kW), V::loadf(sums + kLanes + h * kW)};
+        put_row<2>(o, 0, acc);
+      }
+      return;
+    }
     for (int64_t pass = 0; pass < passes; ++pass) {
       Unit u[2];
       int64_t n = 0, col = 0;

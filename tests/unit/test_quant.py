@@ -156,6 +156,17 @@ def test_quant_linear_computes_the_quantized_product(target: str, index: int) ->
     assert (out - dense).abs().max() < 0.02 * dense.abs().max()
 
 
+def _gated(rng: np.random.Generator) -> tuple[QuantTensor, QuantTensor, torch.Tensor]:
+    """A Q4_K gate and up of 64 x 512, and the packed gated weight of both (16 gate columns,
+    then their 16 up columns, and so on), as the models pack them."""
+    gate, up = (quant.from_gguf(QT.Q4_K, _blocks(QT.Q4_K, 64, 512, rng), (64, 512)) for _ in "gu")
+    assert gate is not None and up is not None
+    both = quant.concat([gate, up])
+    assert both is not None
+    order = torch.arange(128).view(2, -1, 16).transpose(0, 1).reshape(-1)
+    return gate, up, quant.pack(quant.rows(both, order))
+
+
 def test_every_target_gives_the_same_bits() -> None:
     """A laptop's AVX2 kernels and this CPU's own compute each column with the same
     operations in the same order: outputs (float and bf16, plain and gated) are identical."""
@@ -163,11 +174,7 @@ def test_every_target_gives_the_same_bits() -> None:
     for target in set(TARGETS) - {"native"}:  # each runs its own instructions
         assert kernels.ops_for(target).quant_isa() == target
     rng = np.random.default_rng(4)
-    gate, up = (quant.from_gguf(QT.Q4_K, _blocks(QT.Q4_K, 64, 512, rng), (64, 512)) for _ in "gu")
-    both = quant.concat([gate, up])  # type: ignore[list-item]
-    assert both is not None
-    order = torch.arange(128).view(2, -1, 16).transpose(0, 1).reshape(-1)
-    gated = quant.pack(quant.rows(both, order))
+    gated = _gated(rng)[2]
     weights = [quant.pack(w) for w in _weights()]
     x, bias = torch.randn(70, 512).bfloat16(), torch.randn(96)
 
@@ -229,7 +236,8 @@ def test_scales_that_repeat_are_not_stored(qtype: QT, stored: int) -> None:
 
 @each_target
 def test_a_rows_output_does_not_depend_on_the_other_rows(target: str) -> None:
-    """One row alone (whose passes pair columns far apart) gets the bits it gets among 70."""
+    """One row alone gets the bits it gets among 70, plain and gated, though its passes read
+    the weights in another order (twins far apart on Intel, one stream on AMD)."""
     ops = kernels.ops_for(target)
     for i, w in enumerate(_weights()):
         packed = quant.pack(w)
@@ -239,17 +247,19 @@ def test_a_rows_output_does_not_depend_on_the_other_rows(target: str) -> None:
         for r in (0, 5, 69):
             alone = ops.quant_linear(x[r : r + 1], packed, bias, True)
             assert torch.equal(alone[0], together[r])
+    gated = _gated(np.random.default_rng(7))[2]
+    x = torch.randn(37, 512).bfloat16()
+    for bias, gelu in ((None, False), (torch.randn(128), True)):
+        together = ops.quant_gated_linear(x, gated, bias, gelu)
+        for r in (0, 36):
+            assert torch.equal(
+                ops.quant_gated_linear(x[r : r + 1], gated, bias, gelu)[0], together[r]
+            )
 
 
 @each_target
 def test_gated_quant_linear_is_act_gate_times_up(target: str) -> None:
-    rng = np.random.default_rng(2)
-    gate, up = (quant.from_gguf(QT.Q4_K, _blocks(QT.Q4_K, 64, 512, rng), (64, 512)) for _ in "gu")
-    assert gate is not None and up is not None
-    both = quant.concat([gate, up])
-    assert both is not None
-    order = torch.arange(128).view(2, -1, 16).transpose(0, 1).reshape(-1)
-    packed = quant.pack(quant.rows(both, order))
+    gate, up, packed = _gated(np.random.default_rng(2))
     x = torch.randn(5, 512).bfloat16()
     for gelu, act in ((False, torch.nn.functional.silu), (True, None)):
         out = kernels.ops_for(target).quant_gated_linear(x, packed, None, gelu).float()
