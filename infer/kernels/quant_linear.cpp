@@ -945,19 +945,19 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight,
     TORCH_CHECK(b.numel() == l.n, "bias must be [out_features]");
   }
   const int64_t blocks = l.n / kLanes;
-  // One row is bound by reading the weights, and CPUs differ in which order reads fastest.
-  // On Intel (Emerald Rapids) a pass pairs a block of the first half with its twin in the
-  // second half, two streams far apart (a decode step of the 1.5B 3.5-5% faster than
-  // neighbouring blocks). On AMD (Zen 5) each thread reads one stream, block after block, a
-  // block a pass (4-6% faster than far twins). Each column's numbers are the same whichever
-  // unit shares its pass. On 8 lanes a unit is half a block, half of each line: there a
-  // pass takes both halves of one block (twins far apart read every line twice, 4-7% slower).
-  // A gated call on AMD reads one stream too: a gate block whole, then its up block (the
-  // next in memory), each into float sums, then the activation (a decode step 9% faster
-  // than the two side by side).
+  // A few rows are bound by reading the weights, and CPUs differ in which order reads
+  // fastest. On Intel (Emerald Rapids) one row's pass pairs a block of the first half with
+  // its twin in the second half, two streams far apart (a decode step of the 1.5B 3.5-5%
+  // faster than neighbouring blocks). On AMD (Zen 5) up to 4 rows read one stream per
+  // thread, block after block, a block a pass; a gated call there takes a gate block whole,
+  // then its up block (the next in memory), each into float sums, then the activation. On
+  // Zen 5 that made a decode step of 1 row 13-15% faster than far twins and gate beside up,
+  // and one of 4 rows 24%. Each column's numbers are the same whichever unit shares its
+  // pass. On 8 lanes a unit is half a block, half of each line: there a pass takes both
+  // halves of one block (twins far apart read every line twice, 4-7% slower).
   static const bool far_twins = __builtin_cpu_is("intel");
   const bool far = rows == 1 && far_twins && act == kNone && blocks % 2 == 0 && kW == kLanes;
-  const bool one_stream = rows == 1 && !far_twins;
+  const bool one_stream = rows <= kRows && !far_twins;
   const int64_t items = far ? blocks / 2 : (blocks + kCols - 1) / kCols;
 #ifdef INFER_QUANT_AMX
   const bool amx = use_amx() && amx_fits(l, qx) && rows >= amx_least(l.bits);
@@ -989,20 +989,22 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight,
     const int64_t passes =
         far ? 1 : act == kNone ? (units + per_pass - 1) / per_pass : kHalves;
     if (one_stream && act != kNone) {  // the gate block, then the up block (above)
-      alignas(64) float sums[2 * kLanes];
+      alignas(64) float sums[kRows][2 * kLanes];
       for (int64_t j = 0; j < 2; ++j) {
         Unit u[kHalves];
         for (int64_t h = 0; h < kHalves; ++h) u[h] = unit(b0 + j, h);
-        const Out o{sums + j * kLanes, kLanes, true,
+        const Out o{sums[0] + j * kLanes, 2 * kLanes, true,
                     b.defined() ? b.data_ptr<float>() + (b0 + j) * kLanes : nullptr, kNone};
-        run_tile(1, l, u, kHalves, qx, 0, o);
+        run_tile(rows, l, u, kHalves, qx, 0, o);
       }
       for (int64_t h = 0; h < kHalves; ++h) {
         const int64_t col = b0 / 2 * kLanes + h * kW;
         const Out o{static_cast<char*>(out.data_ptr()) + col * elem, width, out_float, nullptr,
                     act};
-        const VF acc[2] = {V::loadf(sums + h * kW), V::loadf(sums + kLanes + h * kW)};
-        put_row<2>(o, 0, acc);
+        for (int64_t r = 0; r < rows; ++r) {
+          const VF acc[2] = {V::loadf(sums[r] + h * kW), V::loadf(sums[r] + kLanes + h * kW)};
+          put_row<2>(o, r, acc);
+        }
       }
       return;
     }
@@ -1032,8 +1034,9 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight,
       if (amx) r = amx_tiles(l, u, n, qx, xl.data(), r, r1, o);
 #endif
       while (r < r1) {
-        const int64_t t = n == 1 && per_pass == 1 && r1 - r >= kWideRows ? kWideRows
-                                                                          : std::min(kRows, r1 - r);
+        const int64_t t = n == 1 && wide_tile(l.bits) && r1 - r >= kWideRows
+                              ? kWideRows
+                              : std::min(kRows, r1 - r);
         run_tile(t, l, u, n, qx, r, o);
         r += t;
       }
