@@ -37,6 +37,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -136,7 +137,10 @@ struct V {
 #else
     alignas(64) float f[16];
     _mm512_store_ps(f, v);
-    for (int i = 0; i < 16; ++i) p[i] = from_float<c10::BFloat16>(f[i]);
+    for (int i = 0; i < 16; ++i) {  // subnormals to zero, as VCVTNEPS2BF16
+      if (std::fpclassify(f[i]) == FP_SUBNORMAL) f[i] = std::copysign(0.0f, f[i]);
+      p[i] = from_float<c10::BFloat16>(f[i]);
+    }
 #endif
   }
   // x's first 16 values as float
@@ -229,8 +233,11 @@ struct V {
   static F gelu(F x) { return gelu_tanh8(x); }
   static void store(float* p, F v) { _mm256_storeu_ps(p, v); }
   static void store(c10::BFloat16* p, F v) {
-    // round to nearest even, as VCVTNEPS2BF16 (no NaN reaches here)
-    const __m256i u = _mm256_castps_si256(v);
+    // round to nearest even, subnormals to zero, as VCVTNEPS2BF16 (no NaN reaches here)
+    __m256i u = _mm256_castps_si256(v);
+    const __m256i tiny = _mm256_cmpeq_epi32(
+        _mm256_and_si256(u, _mm256_set1_epi32(0x7F800000)), _mm256_setzero_si256());
+    u = _mm256_andnot_si256(_mm256_and_si256(tiny, _mm256_set1_epi32(0x7FFFFFFF)), u);
     const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
     const __m256i r = _mm256_srli_epi32(
         _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7FFF)), odd), 16);
