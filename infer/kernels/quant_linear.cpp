@@ -989,12 +989,6 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight,
     const int64_t t = i % items, rb = i / items;
     const int64_t b0 = t * kCols, nblocks = std::min(kCols, blocks - b0);
     const int64_t r1 = std::min(rows, (rb + 1) * row_block);
-    // Passes of up to two units: a gated item pairs each gate unit with its up unit (the
-    // next block's, at the same offset); one row on Intel pairs twins far apart (above);
-    // else each pass takes consecutive units.
-    const int64_t units = nblocks * kHalves;
-    const int64_t passes =
-        far ? 1 : act == kNone ? (units + per_pass - 1) / per_pass : kHalves;
     if (one_stream && act != kNone) {  // the gate block, then the up block (above)
       alignas(64) float sums[kRows][2 * kLanes];
       for (int64_t j = 0; j < 2; ++j) {
@@ -1015,6 +1009,12 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight,
       }
       return;
     }
+    // Passes of up to two units: a gated item pairs each gate unit with its up unit (the
+    // next block's, at the same offset); one row on Intel pairs twins far apart (above);
+    // else each pass takes consecutive units.
+    const int64_t units = nblocks * kHalves;
+    const int64_t passes =
+        far ? 1 : act == kNone ? (units + per_pass - 1) / per_pass : kHalves;
     for (int64_t pass = 0; pass < passes; ++pass) {
       Unit u[2];
       int64_t n = 0, col = 0;
