@@ -1,6 +1,6 @@
 """The quantized linear kernel alone: ms and int8 multiply-adds per second, weights hot.
 
-    python bench/quant_kernel.py [--rows 1,16,64] [--peak 460]
+    python bench/quant_kernel.py [--rows 1,16,64] [--peak 1030]
 
 Random weights in the layouts the Qwen2.5-Coder-1.5B Q4_K_M file packs into (Q4_K gate/up,
 Q6_K down, the 6-bit q/k/v of Q4_K beside Q6_K), run by ``quant_linear`` on every thread.
