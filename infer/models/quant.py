@@ -27,6 +27,8 @@ import torch
 from gguf import GGMLQuantizationType as QT
 from gguf.quants import Q4_K
 
+from infer.models import pages
+
 MAGIC = 0x32544E4951  # "QINT2", the kernel checks it
 _HEADER = 128
 LANES = 16  # output columns per packed block
@@ -137,7 +139,7 @@ def pack(t: QuantTensor) -> torch.Tensor:
     sup_block = supers * 2 * 2 * LANES
     off_sc = _align(_HEADER + blocks * q_block)
     off_sup = _align(off_sc + blocks * sc_block)
-    out = torch.zeros(off_sup + blocks * sup_block, dtype=torch.uint8)
+    out = pages.empty(off_sup + blocks * sup_block)  # zeroed, on 2 MB pages where there are any
     # 1 where every weight is D s (u - 32), as Q6_K's are (o = s, M = 32 D): the kernels then
     # take 32 s off each s u instead of summing the offsets apart
     folded = int(stored == 1 and torch.equal(t.m.float(), t.d.float() * 32))
