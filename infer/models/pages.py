@@ -56,7 +56,10 @@ class _Arena:
         size = -(-nbytes // HUGE_PAGE) * HUGE_PAGE
         # one page more, to start on a 2 MB boundary wherever the mapping lands
         region = mmap.mmap(-1, size + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        region.madvise(mmap.MADV_HUGEPAGE)
+        try:
+            region.madvise(mmap.MADV_HUGEPAGE)
+        except OSError:  # refused (a sandbox's seccomp, say): the memory serves on 4 KB pages
+            pass
         whole = torch.frombuffer(region, dtype=torch.uint8)  # keeps `region` mapped
         start = -whole.data_ptr() % HUGE_PAGE
         return whole[start : start + size]
