@@ -12,6 +12,7 @@ from gguf.quants import dequantize, quantize
 
 from infer import kernels
 from infer.models import quant
+from infer.models.linear import QuantGatedLinear, QuantLinear
 from infer.models.quant import QuantTensor
 
 # Every kernel target this CPU can run (its own, and the AVX2 ones for laptops): each must
@@ -158,13 +159,12 @@ def test_quant_linear_computes_the_quantized_product(target: str, index: int) ->
 
 def _gated(rng: np.random.Generator) -> tuple[QuantTensor, QuantTensor, torch.Tensor]:
     """A Q4_K gate and up of 64 x 512, and the packed gated weight of both (16 gate columns,
-    then their 16 up columns, and so on), as the models pack them."""
+    then their 16 up columns, and so on), packed by the models' own gated linear."""
     gate, up = (quant.from_gguf(QT.Q4_K, _blocks(QT.Q4_K, 64, 512, rng), (64, 512)) for _ in "gu")
     assert gate is not None and up is not None
     both = quant.concat([gate, up])
     assert both is not None
-    order = torch.arange(128).view(2, -1, 16).transpose(0, 1).reshape(-1)
-    return gate, up, quant.pack(quant.rows(both, order))
+    return gate, up, QuantGatedLinear(QuantLinear(both), gelu=False).packed
 
 
 def test_every_target_gives_the_same_bits() -> None:
