@@ -31,9 +31,13 @@
 // integer sums from AMX tiles instead (amx_span): the same numbers by another road, see there.
 //
 // Each 32-bit lane holds one column's sums, so the arithmetic never crosses lanes: a vector
-// of 8 lanes (AVX2) computes each column with the same operations, in the same order, as one
-// of 16 (AVX512), and both builds give the same bits. On 256 bits a tile's unit is half a
-// 16-column block: its q, sc and sup are the block's at an offset of 8 lanes.
+// of 8 lanes (AVX-VNNI) computes each column with the same operations, in the same order, as
+// one of 16 (AVX512), and both builds give the same bits. AVX2 without VNNI adds s * sum(u q_a)
+// over a span in int32 (see tile()), where the others add it in float: every term is an
+// integer, so the float sum is the same number while it stays under 2^24 in magnitude, and
+// only beyond that do the builds' bits part (AVX2's sum is then the exact one). On 256 bits a
+// tile's unit is half a 16-column block: its q, sc and sup are the block's at an offset of 8
+// lanes.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -106,6 +110,7 @@ struct V {
   static I pairs16(I u, I x) { return _mm512_maddubs_epi16(u, x); }
   static I add16(I a, I b) { return _mm512_add_epi16(a, b); }
   static I widen16(I a) { return _mm512_madd_epi16(a, _mm512_set1_epi16(1)); }
+  static I madd16(I a, I b) { return _mm512_madd_epi16(a, b); }
   // 16 int8 as int32 lanes
   static I int8(const int8_t* p) {
     return _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
@@ -202,6 +207,7 @@ struct V {
   static I pairs16(I u, I x) { return _mm256_maddubs_epi16(u, x); }
   static I add16(I a, I b) { return _mm256_add_epi16(a, b); }
   static I widen16(I a) { return _mm256_madd_epi16(a, _mm256_set1_epi16(1)); }
+  static I madd16(I a, I b) { return _mm256_madd_epi16(a, b); }
   static I dot16(I acc, I a, I b) {
 #if defined(__AVXVNNI__)
     return _mm256_dpwssd_avx_epi32(acc, a, b);
@@ -273,10 +279,11 @@ struct V {
 
 constexpr int64_t kW = V::kWidth;  // columns per vector: a tile's unit
 // Whether weights of `bits` go one unit a pass, in tiles of kWideRows rows where a call has
-// that many: 6-bit weights, whose unpacking costs the most (each weight vector unpacked then
-// feeds twice the rows), on every target. On AVX2, 4-bit weights measured no faster so (their
-// 4 x 2 tile spills some int16 sums).
-constexpr bool wide_tile(int64_t bits) { return bits == 6; }
+// that many (a gated call then takes the gate unit's tile, then the up unit's): 6-bit
+// weights, whose unpacking costs the most (each weight vector unpacked then feeds twice the
+// rows), on every target; and 4-bit weights on AVX2 without VNNI, whose 8 rows of int16 sums
+// fit the 16 registers (see group_dots()). With VNNI, 4-bit weights measured no faster so.
+constexpr bool wide_tile(int64_t bits) { return bits == 6 || (V::kPairs16 && bits == 4); }
 using VI = V::I;
 using VF = V::F;
 
@@ -383,6 +390,7 @@ struct Out {
   const float* bias;  // at this tile's first column, or nullptr
   Act act;
   int64_t unit_step = kW;  // columns from one unit's first to the next's (not gated)
+  int64_t first_row = 0;   // the x row that p's row 0 holds
 };
 
 // A tile's unit of columns (kW of them): its weights, scales and superblock scales.
@@ -424,9 +432,12 @@ inline void step_pair(const uint8_t* const* qg, int st, VI (&lo)[C], VI (&hi)[C]
   }
 }
 
-// The dot products of one group: dot[r][c] = sum over its k's of u * q_a (exact, int32).
+// The dot products of one group: dot[r][c] = sum over its k's of u * q_a (exact, int32). With
+// sp (AVX2 without VNNI: each lane's scale s as an int16 pair (s, s)), s times that: the int16
+// pair sums widen by VPMADDWD against sp instead of against ones, so the scale costs nothing.
 template <int Bits, int G, int R, int C>
-inline void group_dots(const Unit* u, int64_t g, const int32_t* const* xq, VI (&dot)[R][C]) {
+inline void group_dots(const Unit* u, int64_t g, const int32_t* const* xq, VI (&dot)[R][C],
+                       const VI* sp = nullptr) {
   constexpr int kSteps = G / 4;
   constexpr int64_t kGroupBytes = G * kLanes * Bits / 8;  // one block's weights per group
   const uint8_t* qg[C];
@@ -435,6 +446,55 @@ inline void group_dots(const Unit* u, int64_t g, const int32_t* const* xq, VI (&
     for (int64_t line = 0; line < kGroupBytes; line += 64)
       _mm_prefetch(reinterpret_cast<const char*>(qg[c]) + line + kAhead, _MM_HINT_T1);
   }
+#if INFER_QUANT_BITS == 256
+  if constexpr (V::kPairs16 && Bits == 4 && G == 32 && R == 8 && C == 1) {
+    // 8 rows of Q4_K on AVX2, written out. The 8 rows' int16 sums, the step
+    // pair's two nibble vectors, the mask and one broadcast x take 13 of the 16 registers, and
+    // each unpacked weight vector feeds 16 VPMADDUBSW. Written in C++ the same loop kept the
+    // sums in memory (GCC 12 spilled them, loading and storing each at every step).
+    const uint8_t* q = qg[0];
+    const int32_t* x0 = xq[0] + g * kSteps; const int32_t* x1 = xq[1] + g * kSteps;
+    const int32_t* x2 = xq[2] + g * kSteps; const int32_t* x3 = xq[3] + g * kSteps;
+    const int32_t* x4 = xq[4] + g * kSteps; const int32_t* x5 = xq[5] + g * kSteps;
+    const int32_t* x6 = xq[6] + g * kSteps; const int32_t* x7 = xq[7] + g * kSteps;
+    const VI nib = V::set1_8(0x0F);
+    VI s0, s1, s2, s3, s4, s5, s6, s7, w, lo, hi, t;
+#define ROW(S, X, OFF) \
+    "vpbroadcastd " #OFF "(%[" #X "]), %[t]\n\t" \
+    "vpmaddubsw %[t], %[lo], %[t]\n\t" \
+    "vpaddw %[t], %[" #S "], %[" #S "]\n\t" \
+    "vpbroadcastd " #OFF "+4(%[" #X "]), %[t]\n\t" \
+    "vpmaddubsw %[t], %[hi], %[t]\n\t" \
+    "vpaddw %[t], %[" #S "], %[" #S "]\n\t"
+#define PASS(P) \
+    "vmovdqu " #P "*64(%[q]), %[w]\n\t" \
+    "vpsrlw $4, %[w], %[hi]\n\t" \
+    "vpand %[nib], %[w], %[lo]\n\t" \
+    "vpand %[nib], %[hi], %[hi]\n\t" \
+    ROW(s0, x0, P*8) ROW(s1, x1, P*8) ROW(s2, x2, P*8) ROW(s3, x3, P*8) \
+    ROW(s4, x4, P*8) ROW(s5, x5, P*8) ROW(s6, x6, P*8) ROW(s7, x7, P*8)
+    asm("vpxor %[s0], %[s0], %[s0]\n\t"
+        "vpxor %[s1], %[s1], %[s1]\n\t"
+        "vpxor %[s2], %[s2], %[s2]\n\t"
+        "vpxor %[s3], %[s3], %[s3]\n\t"
+        "vpxor %[s4], %[s4], %[s4]\n\t"
+        "vpxor %[s5], %[s5], %[s5]\n\t"
+        "vpxor %[s6], %[s6], %[s6]\n\t"
+        "vpxor %[s7], %[s7], %[s7]\n\t"
+        PASS(0) PASS(1) PASS(2) PASS(3)
+        : [s0] "=&x"(s0), [s1] "=&x"(s1), [s2] "=&x"(s2), [s3] "=&x"(s3), [s4] "=&x"(s4),
+          [s5] "=&x"(s5), [s6] "=&x"(s6), [s7] "=&x"(s7), [w] "=&x"(w), [lo] "=&x"(lo),
+          [hi] "=&x"(hi), [t] "=&x"(t)
+        : [q] "r"(q), [x0] "r"(x0), [x1] "r"(x1), [x2] "r"(x2), [x3] "r"(x3), [x4] "r"(x4),
+          [x5] "r"(x5), [x6] "r"(x6), [x7] "r"(x7), [nib] "x"(nib)
+        : "memory");
+#undef PASS
+#undef ROW
+    const VI s[8] = {s0, s1, s2, s3, s4, s5, s6, s7};
+    for (int r = 0; r < R; ++r) dot[r][0] = sp ? V::madd16(s[r], sp[0]) : V::widen16(s[r]);
+    return;
+  }
+#endif
   if constexpr (V::kPairs16 && Bits == 4) {
     // A 4-bit weight times a quantized x is at most 15 * 127, so a VPMADDUBSW pair sum is at
     // most 3810 and a group's (at most 8 steps) at most 30480: it adds in int16, exact, and
@@ -463,7 +523,8 @@ inline void group_dots(const Unit* u, int64_t g, const int32_t* const* xq, VI (&
       for (int st = 0; st < kSteps; st += 2) pass(st);
     }
     for (int r = 0; r < R; ++r)
-      for (int c = 0; c < C; ++c) dot[r][c] = V::widen16(sums[r][c]);
+      for (int c = 0; c < C; ++c)
+        dot[r][c] = sp ? V::madd16(sums[r][c], sp[c]) : V::widen16(sums[r][c]);
     return;
   }
   if constexpr (V::kPairs16 && Bits == 6) {
@@ -479,9 +540,10 @@ inline void group_dots(const Unit* u, int64_t g, const int32_t* const* xq, VI (&
       for (int r = 0; r < R; ++r) {
         const VI x0 = V::set1(xq[r][g * kSteps + st]);
         const VI x1 = V::set1(xq[r][g * kSteps + st + 1]);
-        for (int c = 0; c < C; ++c)
-          dot[r][c] = V::add(dot[r][c], V::widen16(V::add16(V::pairs16(lo[c], x0),
-                                                            V::pairs16(hi[c], x1))));
+        for (int c = 0; c < C; ++c) {
+          const VI p = V::add16(V::pairs16(lo[c], x0), V::pairs16(hi[c], x1));
+          dot[r][c] = V::add(dot[r][c], sp ? V::madd16(p, sp[c]) : V::widen16(p));
+        }
       }
     }
     return;
@@ -506,9 +568,9 @@ template <int C>
 inline void put_row(const Out& o, int64_t row, const VF* acc) {
   auto put = [&](int64_t col, VF v) {
     if (o.out_float) {
-      V::store(static_cast<float*>(o.p) + row * o.ldo + col, v);
+      V::store(static_cast<float*>(o.p) + (row - o.first_row) * o.ldo + col, v);
     } else {
-      V::store(static_cast<c10::BFloat16*>(o.p) + row * o.ldo + col, v);
+      V::store(static_cast<c10::BFloat16*>(o.p) + (row - o.first_row) * o.ldo + col, v);
     }
   };
   if (o.act != kNone) {  // unit 0 the gate, unit 1 its up (16 columns further in the weight)
@@ -523,6 +585,75 @@ inline void put_row(const Out& o, int64_t row, const VF* acc) {
     put(c * o.unit_step, V::addf(acc[c], b));
   }
 }
+
+#if INFER_QUANT_BITS == 256
+// The span sums sum_g s * sum(u q_a) of 8 rows and one unit of Q6_K (G = 16) on AVX2, groups
+// p0 to p1, written out for the same reason as group_dots()'s 8 rows of Q4_K: the 8 rows' int32
+// sums, two unpacked weight vectors, sp, the two masks and two temporaries take 15 of the 16
+// registers. Two steps' VPMADDUBSW pair sums add in int16 (at most 2 * 2 * 63 * 127), then
+// VPMADDWD against sp (each lane's (s, s)) gives s times them in int32.
+inline void span_q6(const Unit& u, int64_t p0, int64_t p1, int64_t sc_group,
+                    const int32_t* const* xq, VI (&sum)[8]) {
+  constexpr int64_t kGroupBytes = 16 * kLanes * 6 / 8;  // one block's weights per group
+  const VI m0f = V::set1_8(0x0F), m30 = V::set1_8(0x30);
+  const int64_t k = reinterpret_cast<const char*>(xq[1]) - reinterpret_cast<const char*>(xq[0]);
+  VI s0 = V::zero(), s1 = s0, s2 = s0, s3 = s0, s4 = s0, s5 = s0, s6 = s0, s7 = s0;
+  for (int64_t g = p0; g < p1; ++g) {
+    const uint8_t* q = u.q + g * kGroupBytes;
+    for (int64_t line = 0; line < kGroupBytes; line += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(q) + line + kAhead, _MM_HINT_T1);
+    const int8_t* sg = u.sc + g * sc_group;
+    const VI sp = V::pairs(sg, sg);
+    // x's rows are k bytes apart: rows 0-3 from xa, 4-7 from xb (asm takes 30 operands)
+    const int32_t* xa = xq[0] + g * 4;
+    const int32_t* xb = xq[4] + g * 4;
+    VI wa, wb, t1, t2;
+#define ROW(S, OFF, AT) \
+    "vpbroadcastd " #OFF AT ", %[t1]\n\t" \
+    "vpmaddubsw %[t1], %[wa], %[t1]\n\t" \
+    "vpbroadcastd " #OFF "+4" AT ", %[t2]\n\t" \
+    "vpmaddubsw %[t2], %[wb], %[t2]\n\t" \
+    "vpaddw %[t2], %[t1], %[t1]\n\t" \
+    "vpmaddwd %[sp], %[t1], %[t1]\n\t" \
+    "vpaddd %[t1], %[" #S "], %[" #S "]\n\t"
+#define ROWS(OFF) \
+    ROW(s0, OFF, "(%[xa])") ROW(s1, OFF, "(%[xa],%[k],1)") ROW(s2, OFF, "(%[xa],%[k],2)") \
+    ROW(s3, OFF, "(%[xa],%[k3],1)") ROW(s4, OFF, "(%[xb])") ROW(s5, OFF, "(%[xb],%[k],1)") \
+    ROW(s6, OFF, "(%[xb],%[k],2)") ROW(s7, OFF, "(%[xb],%[k3],1)")
+    // steps 0 and 1: low nibbles of bytes 0-63, top bits 0-1 and 2-3 of bytes 128-191
+    // (shifted to bits 4-5); steps 2 and 3: bytes 64-127, top bits 4-5 and 6-7
+    asm("vpand (%[q]), %[m0f], %[wa]\n\t"
+        "vpsllw $4, 128(%[q]), %[t1]\n\t"
+        "vpand %[m30], %[t1], %[t1]\n\t"
+        "vpor %[t1], %[wa], %[wa]\n\t"
+        "vpsrlw $4, (%[q]), %[wb]\n\t"
+        "vpand %[m0f], %[wb], %[wb]\n\t"
+        "vpsllw $2, 128(%[q]), %[t1]\n\t"
+        "vpand %[m30], %[t1], %[t1]\n\t"
+        "vpor %[t1], %[wb], %[wb]\n\t"
+        ROWS(0)
+        "vpand 64(%[q]), %[m0f], %[wa]\n\t"
+        "vpand 128(%[q]), %[m30], %[t1]\n\t"
+        "vpor %[t1], %[wa], %[wa]\n\t"
+        "vpsrlw $4, 64(%[q]), %[wb]\n\t"
+        "vpand %[m0f], %[wb], %[wb]\n\t"
+        "vpsrlw $2, 128(%[q]), %[t1]\n\t"
+        "vpand %[m30], %[t1], %[t1]\n\t"
+        "vpor %[t1], %[wb], %[wb]\n\t"
+        ROWS(8)
+        : [s0] "+x"(s0), [s1] "+x"(s1), [s2] "+x"(s2), [s3] "+x"(s3), [s4] "+x"(s4),
+          [s5] "+x"(s5), [s6] "+x"(s6), [s7] "+x"(s7), [wa] "=&x"(wa), [wb] "=&x"(wb),
+          [t1] "=&x"(t1), [t2] "=&x"(t2)
+        : [q] "r"(q), [xa] "r"(xa), [xb] "r"(xb), [k] "r"(k), [k3] "r"(3 * k), [sp] "x"(sp),
+          [m0f] "x"(m0f), [m30] "x"(m30)
+        : "memory");
+#undef ROWS
+#undef ROW
+  }
+  sum[0] = s0; sum[1] = s1; sum[2] = s2; sum[3] = s3;
+  sum[4] = s4; sum[5] = s5; sum[6] = s6; sum[7] = s7;
+}
+#endif
 
 // Rows [0, R) x the C units; x rows from `r0`, output rows from `r0`.
 //
@@ -553,12 +684,41 @@ void tile(const Layout& l, const Unit* u, const QuantX& x, int64_t r0, const Out
         VF sum[R][C];
         for (int r = 0; r < R; ++r)
           for (int c = 0; c < C; ++c) sum[r][c] = V::zerof();
-        for (int64_t g = p0; g < p1; ++g) {
-          VI dot[R][C];
-          group_dots<Bits, G, R, C>(u, g, xq, dot);
-          for (int c = 0; c < C; ++c) {
-            const VF sv = V::tof(V::int8(u[c].sc + g * l.sc_group));
-            for (int r = 0; r < R; ++r) sum[r][c] = V::fmadd(V::tof(dot[r][c]), sv, sum[r][c]);
+        if constexpr (V::kPairs16 && Bits != 8) {
+          // s * dot from group_dots() in int32, summed over the span in int32 (a span is at
+          // most 256 k's: |sum| <= 256 * 128 * 63 * 127 < 2^31), then float once
+          VI isum[R][C];
+          for (int r = 0; r < R; ++r)
+            for (int c = 0; c < C; ++c) isum[r][c] = V::zero();
+#if INFER_QUANT_BITS == 256
+          if constexpr (Bits == 6 && G == 16 && R == 8 && C == 1) {
+            VI s8[8];
+            span_q6(u[0], p0, p1, l.sc_group, xq, s8);
+            for (int r = 0; r < R; ++r) isum[r][0] = s8[r];
+          } else
+#endif
+          for (int64_t g = p0; g < p1; ++g) {
+            VI sp[C];
+            for (int c = 0; c < C; ++c) {
+              const int8_t* sg = u[c].sc + g * l.sc_group;
+              sp[c] = V::pairs(sg, sg);
+            }
+            VI dot[R][C];
+            group_dots<Bits, G, R, C>(u, g, xq, dot, sp);
+            for (int r = 0; r < R; ++r)
+              for (int c = 0; c < C; ++c) isum[r][c] = V::add(isum[r][c], dot[r][c]);
+          }
+          for (int r = 0; r < R; ++r)
+            for (int c = 0; c < C; ++c) sum[r][c] = V::tof(isum[r][c]);
+        } else {
+          for (int64_t g = p0; g < p1; ++g) {
+            VI dot[R][C];
+            group_dots<Bits, G, R, C>(u, g, xq, dot);
+            for (int c = 0; c < C; ++c) {
+              const VF sv = V::tof(V::int8(u[c].sc + g * l.sc_group));
+              for (int r = 0; r < R; ++r)
+                sum[r][c] = V::fmadd(V::tof(dot[r][c]), sv, sum[r][c]);
+            }
           }
         }
         // sum_g o * sum(q_a), two groups per 16-bit dot: each lane's (o_g, o_g+1) as a pair
@@ -1041,6 +1201,21 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight,
       if (amx) r = amx_tiles(l, u, n, qx, xl.data(), r, r1, o);
 #endif
       while (r < r1) {
+        if (act != kNone && wide_tile(l.bits) && r1 - r >= kWideRows) {
+          // a gated pass in tiles of one unit: the gate's sums, the up's, then the activation
+          alignas(64) float sums[kWideRows][2 * kW];
+          for (int64_t j = 0; j < 2; ++j) {
+            Out so{sums[0] + j * kW, 2 * kW, true, nullptr, kNone};
+            so.first_row = r;
+            run_tile(kWideRows, l, &u[j], 1, qx, r, so);
+          }
+          for (int64_t i = 0; i < kWideRows; ++i) {
+            const VF acc[2] = {V::loadf(sums[i]), V::loadf(sums[i] + kW)};
+            put_row<2>(o, r + i, acc);
+          }
+          r += kWideRows;
+          continue;
+        }
         const int64_t t = n == 1 && wide_tile(l.bits) && r1 - r >= kWideRows
                               ? kWideRows
                               : std::min(kRows, r1 - r);
