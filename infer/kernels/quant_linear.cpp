@@ -447,6 +447,49 @@ inline void group_dots(const Unit* u, int64_t g, const int32_t* const* xq, VI (&
       _mm_prefetch(reinterpret_cast<const char*>(qg[c]) + line + kAhead, _MM_HINT_T1);
   }
 #if INFER_QUANT_BITS == 256
+  if constexpr (V::kPairs16 && Bits == 4 && G == 32 && R == 4 && C == 2) {
+    // 4 rows x 2 units of Q4_K on AVX2 (a few rows, a gated call's gate and up), written out
+    // for the same reason: 8 int16 sums, four nibble vectors, the mask and two temporaries
+    // take 15 registers.
+    const uint8_t* qa = qg[0];
+    const uint8_t* qb = qg[1];
+    const int32_t* x0 = xq[0] + g * kSteps; const int32_t* x1 = xq[1] + g * kSteps;
+    const int32_t* x2 = xq[2] + g * kSteps; const int32_t* x3 = xq[3] + g * kSteps;
+    const VI nib = V::set1_8(0x0F);
+    VI a0 = V::zero(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+    VI loa, hia, lob, hib, t, t2;
+#define HALF(SA, SB, X, OFF, WA, WB) \
+    "vpbroadcastd " #OFF "(%[" #X "]), %[t]\n\t" \
+    "vpmaddubsw %[t], %[" #WA "], %[t2]\n\t" \
+    "vpaddw %[t2], %[" #SA "], %[" #SA "]\n\t" \
+    "vpmaddubsw %[t], %[" #WB "], %[t]\n\t" \
+    "vpaddw %[t], %[" #SB "], %[" #SB "]\n\t"
+#define ROW(SA, SB, X, OFF) HALF(SA, SB, X, OFF, loa, lob) HALF(SA, SB, X, OFF+4, hia, hib)
+#define PASS(P) \
+    "vpsrlw $4, " #P "*64(%[qa]), %[hia]\n\t" \
+    "vpand " #P "*64(%[qa]), %[nib], %[loa]\n\t" \
+    "vpand %[nib], %[hia], %[hia]\n\t" \
+    "vpsrlw $4, " #P "*64(%[qb]), %[hib]\n\t" \
+    "vpand " #P "*64(%[qb]), %[nib], %[lob]\n\t" \
+    "vpand %[nib], %[hib], %[hib]\n\t" \
+    ROW(a0, b0, x0, P*8) ROW(a1, b1, x1, P*8) ROW(a2, b2, x2, P*8) ROW(a3, b3, x3, P*8)
+    asm(PASS(0) PASS(1) PASS(2) PASS(3)
+        : [a0] "+x"(a0), [a1] "+x"(a1), [a2] "+x"(a2), [a3] "+x"(a3), [b0] "+x"(b0),
+          [b1] "+x"(b1), [b2] "+x"(b2), [b3] "+x"(b3), [loa] "=&x"(loa), [hia] "=&x"(hia),
+          [lob] "=&x"(lob), [hib] "=&x"(hib), [t] "=&x"(t), [t2] "=&x"(t2)
+        : [qa] "r"(qa), [qb] "r"(qb), [x0] "r"(x0), [x1] "r"(x1), [x2] "r"(x2), [x3] "r"(x3),
+          [nib] "x"(nib)
+        : "memory");
+#undef PASS
+#undef ROW
+#undef HALF
+    const VI sa[4] = {a0, a1, a2, a3}, sb[4] = {b0, b1, b2, b3};
+    for (int r = 0; r < R; ++r) {
+      dot[r][0] = sp ? V::madd16(sa[r], sp[0]) : V::widen16(sa[r]);
+      dot[r][1] = sp ? V::madd16(sb[r], sp[1]) : V::widen16(sb[r]);
+    }
+    return;
+  }
   if constexpr (V::kPairs16 && Bits == 4 && G == 32 && R == 8 && C == 1) {
     // 8 rows of Q4_K on AVX2, written out. The 8 rows' int16 sums, the step
     // pair's two nibble vectors, the mask and one broadcast x take 13 of the 16 registers, and
@@ -458,7 +501,8 @@ inline void group_dots(const Unit* u, int64_t g, const int32_t* const* xq, VI (&
     const int32_t* x4 = xq[4] + g * kSteps; const int32_t* x5 = xq[5] + g * kSteps;
     const int32_t* x6 = xq[6] + g * kSteps; const int32_t* x7 = xq[7] + g * kSteps;
     const VI nib = V::set1_8(0x0F);
-    VI s0, s1, s2, s3, s4, s5, s6, s7, w, lo, hi, t;
+    VI s0 = V::zero(), s1 = s0, s2 = s0, s3 = s0, s4 = s0, s5 = s0, s6 = s0, s7 = s0;
+    VI w, lo, hi, t;
 #define ROW(S, X, OFF) \
     "vpbroadcastd " #OFF "(%[" #X "]), %[t]\n\t" \
     "vpmaddubsw %[t], %[lo], %[t]\n\t" \
@@ -473,17 +517,9 @@ inline void group_dots(const Unit* u, int64_t g, const int32_t* const* xq, VI (&
     "vpand %[nib], %[hi], %[hi]\n\t" \
     ROW(s0, x0, P*8) ROW(s1, x1, P*8) ROW(s2, x2, P*8) ROW(s3, x3, P*8) \
     ROW(s4, x4, P*8) ROW(s5, x5, P*8) ROW(s6, x6, P*8) ROW(s7, x7, P*8)
-    asm("vpxor %[s0], %[s0], %[s0]\n\t"
-        "vpxor %[s1], %[s1], %[s1]\n\t"
-        "vpxor %[s2], %[s2], %[s2]\n\t"
-        "vpxor %[s3], %[s3], %[s3]\n\t"
-        "vpxor %[s4], %[s4], %[s4]\n\t"
-        "vpxor %[s5], %[s5], %[s5]\n\t"
-        "vpxor %[s6], %[s6], %[s6]\n\t"
-        "vpxor %[s7], %[s7], %[s7]\n\t"
-        PASS(0) PASS(1) PASS(2) PASS(3)
-        : [s0] "=&x"(s0), [s1] "=&x"(s1), [s2] "=&x"(s2), [s3] "=&x"(s3), [s4] "=&x"(s4),
-          [s5] "=&x"(s5), [s6] "=&x"(s6), [s7] "=&x"(s7), [w] "=&x"(w), [lo] "=&x"(lo),
+    asm(PASS(0) PASS(1) PASS(2) PASS(3)
+        : [s0] "+x"(s0), [s1] "+x"(s1), [s2] "+x"(s2), [s3] "+x"(s3), [s4] "+x"(s4),
+          [s5] "+x"(s5), [s6] "+x"(s6), [s7] "+x"(s7), [w] "=&x"(w), [lo] "=&x"(lo),
           [hi] "=&x"(hi), [t] "=&x"(t)
         : [q] "r"(q), [x0] "r"(x0), [x1] "r"(x1), [x2] "r"(x2), [x3] "r"(x3), [x4] "r"(x4),
           [x5] "r"(x5), [x6] "r"(x6), [x7] "r"(x7), [nib] "x"(nib)
