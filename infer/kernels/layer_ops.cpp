@@ -84,6 +84,29 @@ _Pragma("omp simd")
   });
 }
 
+CacheStrides cache_strides(const at::Tensor& k_cache, const at::Tensor& v_cache) {
+  const at::Tensor& k = k_cache;
+  const at::Tensor& v = v_cache;
+  TORCH_CHECK(k.dim() == 5 && v.dim() == 5 && k.size(4) == 2 && v.size(4) == 2 &&
+                  v.size(0) == k.size(0) && v.size(1) == k.size(1) &&
+                  v.size(3) == k.size(2) * 2 && v.size(2) * 2 == k.size(3) &&
+                  k.scalar_type() == v.scalar_type(),
+              "caches must be [blocks, kv_heads, head_dim / 2, block, 2] and [blocks, "
+              "kv_heads, block / 2, head_dim, 2] of one dtype");
+  const int64_t blocks = k.size(0), kv = k.size(1), dim = v.size(3), block = k.size(3);
+  const int64_t slab = dim * block;
+  const bool slabs = k.stride(4) == 1 && k.stride(3) == 2 && k.stride(2) == 2 * block &&
+                     v.stride(4) == 1 && v.stride(3) == 2 && v.stride(2) == 2 * dim &&
+                     k.stride(0) == v.stride(0) && k.stride(1) == v.stride(1);
+  const int64_t sb = k.stride(0), sh = k.stride(1);
+  const bool block_major = (kv == 1 || sh == slab) && (blocks == 1 || sb == kv * slab);
+  const bool head_major = (blocks == 1 || sb == slab) && (kv == 1 || sh == blocks * slab);
+  TORCH_CHECK(slabs && (block_major || head_major),
+              "caches must hold each (block, kv head) contiguously, block-major or head-major, "
+              "the same way in keys and values");
+  return {sb, sh};
+}
+
 void rope_and_cache(at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin,
                     int64_t num_heads, int64_t num_kv_heads, at::Tensor& k_cache,
                     at::Tensor& v_cache, const at::Tensor& slots) {
@@ -96,13 +119,9 @@ void rope_and_cache(at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& si
                   cos.is_contiguous() && sin.is_contiguous() && cos.dim() == 2 &&
                   sin.sizes() == cos.sizes() && cos.size(0) == tokens && cos.size(1) == half,
               "cos and sin must be contiguous float32 [N, head_dim / 2]");
-  TORCH_CHECK(k_cache.dim() == 5 && v_cache.dim() == 5 && k_cache.is_contiguous() &&
-                  v_cache.is_contiguous() && k_cache.size(1) == num_kv_heads &&
-                  k_cache.size(2) * 2 == dim && k_cache.size(4) == 2 && v_cache.size(3) == dim &&
-                  v_cache.size(4) == 2 && v_cache.size(2) * 2 == k_cache.size(3) &&
-                  v_cache.size(0) == k_cache.size(0) && v_cache.size(1) == num_kv_heads &&
-                  k_cache.scalar_type() == qkv.scalar_type() &&
-                  v_cache.scalar_type() == qkv.scalar_type(),
+  const CacheStrides st = cache_strides(k_cache, v_cache);
+  TORCH_CHECK(k_cache.size(1) == num_kv_heads && k_cache.size(2) * 2 == dim &&
+                  k_cache.scalar_type() == qkv.scalar_type(),
               "caches must be [blocks, kv_heads, head_dim / 2, block, 2] and [blocks, "
               "kv_heads, block / 2, head_dim, 2] of qkv's dtype");
   TORCH_CHECK(slots.scalar_type() == at::kLong && slots.dim() == 1 && slots.size(0) == tokens &&
@@ -138,8 +157,8 @@ _Pragma("omp simd")
           const scalar_t* key = row + (num_heads + h) * dim;
           const scalar_t* value = row + (num_heads + num_kv_heads + h) * dim;
           // Keys [D/2, block, 2], values [block/2, D, 2] (see PagedKVCache).
-          scalar_t* kdst = kc + ((blk * num_kv_heads + h) * dim) * block + 2 * off;
-          scalar_t* vdst = vc + ((blk * num_kv_heads + h) * block + off - off % 2) * dim + off % 2;
+          scalar_t* kdst = kc + blk * st.block + h * st.head + 2 * off;
+          scalar_t* vdst = vc + blk * st.block + h * st.head + (off - off % 2) * dim + off % 2;
           for (int64_t p = 0; p < half; ++p) {
             kdst[2 * p * block] = key[2 * p];
             kdst[2 * p * block + 1] = key[2 * p + 1];

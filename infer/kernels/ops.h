@@ -5,6 +5,17 @@
 
 #include <string>
 
+// A layer's paged KV cache, as every attention kernel reads it: keys [blocks, kv_heads,
+// head_dim / 2, block, 2] and values [blocks, kv_heads, block / 2, head_dim, 2] (see
+// PagedKVCache), of one dtype. Each (block, head) slab of head_dim * block values is
+// contiguous; the slabs may lie block-major or head-major (PagedKVCache keeps each head's
+// blocks together, so that one sequence's keys are one stream), the same way in both tensors.
+// Returns the distance between blocks and between heads, in elements.
+struct CacheStrides {
+  int64_t block, head;
+};
+CacheStrides cache_strides(const at::Tensor& k_cache, const at::Tensor& v_cache);
+
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache,
                                   const at::Tensor& v_cache, const at::Tensor& block_tables,
                                   const at::Tensor& seq_lens, double scale, int64_t window);

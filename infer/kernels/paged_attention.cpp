@@ -1,9 +1,9 @@
 // Paged attention for decode on CPU: one query token per sequence, keys and values read
 // straight from the block pool through each sequence's block table.
 //
-// Layouts (per layer, see PagedKVCache): keys [blocks, kv_heads, head_dim / 2, block, 2] and
-// values [blocks, kv_heads, block / 2, head_dim, 2]. With AVX512-BF16 and 16-position blocks,
-// one VDPBF16PS scores a query against a block's 16 positions two dimensions at a time (no
+// Layouts (per layer, see PagedKVCache and cache_strides): keys [blocks, kv_heads, head_dim / 2,
+// block, 2] and values [blocks, kv_heads, block / 2, head_dim, 2]. With AVX512-BF16 and
+// 16-position blocks, one VDPBF16PS scores a query against a block's 16 positions two dimensions at a time (no
 // horizontal sums), and one adds two positions' weighted values (P rounded to bf16, as the
 // prefill kernel and torch's flash kernel do): a third of the instructions of widening bf16
 // to float and FMA-ing. Elsewhere a generic loop computes the same in float. Each (sequence,
@@ -28,6 +28,7 @@ namespace {
 struct Shape {
   int64_t n_seqs, n_heads, n_kv, groups, dim, block, max_blocks, q_stride, window;
   float scale;
+  CacheStrides at;  // where block b's slab of head h starts: b * at.block + h * at.head
 };
 
 // Ask for a block before it is used: a sequence's blocks are scattered over the pool, so the
@@ -90,12 +91,11 @@ template <typename T, int64_t kD, int64_t kBlock, int64_t kG>
 inline void sum_values(const Shape& s, int64_t h, const T* v_cache, const int32_t* table,
                        int64_t first, int64_t end, const float* p, int64_t len, float* acc) {
   const int64_t dim = kD ? kD : s.dim, block = kBlock ? kBlock : s.block;
-  const int64_t block_elems = s.n_kv * dim * block;
   float a[kG][kD ? kD : 512] = {};
   for (int64_t pos = first; pos < end;) {
     const int64_t offset = pos % block, n = std::min(block - offset, end - pos);
-    const T* values = v_cache + table[pos / block] * block_elems + h * block * dim;
-    if (pos + n < end) prefetch(v_cache + table[(pos + n) / block] * block_elems + h * block * dim,
+    const T* values = v_cache + table[pos / block] * s.at.block + h * s.at.head;
+    if (pos + n < end) prefetch(v_cache + table[(pos + n) / block] * s.at.block + h * s.at.head,
                                 dim * block * sizeof(T));
     for (int64_t j = offset; j < offset + n; ++j) {
       const T* row = values + (j - j % 2) * dim + j % 2;
@@ -119,11 +119,11 @@ template <typename T, int64_t kD, int64_t kBlock, int64_t kG>
 void attend_chunk(const Shape& s, int64_t h, const float* qf, const T* k_cache, const T* v_cache,
                   const int32_t* table, int64_t first, int64_t end, float* scores, float* acc) {
   const int64_t dim = kD ? kD : s.dim, block = kBlock ? kBlock : s.block;
-  const int64_t len = end - first, block_elems = s.n_kv * dim * block;
+  const int64_t len = end - first;
   for (int64_t pos = first; pos < end;) {
     const int64_t offset = pos % block, n = std::min(block - offset, end - pos);
-    const T* keys = k_cache + table[pos / block] * block_elems + h * dim * block;
-    if (pos + n < end) prefetch(k_cache + table[(pos + n) / block] * block_elems + h * dim * block,
+    const T* keys = k_cache + table[pos / block] * s.at.block + h * s.at.head;
+    if (pos + n < end) prefetch(k_cache + table[(pos + n) / block] * s.at.block + h * s.at.head,
                                 dim * block * sizeof(T));
     float part[kG][kBlock ? kBlock : 256];
     score_block<T, kD, kBlock, kG>(qf, keys, dim, block, part);
@@ -199,23 +199,22 @@ void attend_chunk_bf16(const Shape& s, int64_t h, const uint16_t* q, const uint1
                        const uint16_t* v_cache, const int32_t* table, int64_t first,
                        int64_t end, float* scores, uint16_t* probs, float* acc_out) {
   constexpr int64_t kPairs = kD / 2, kC = kD / 16;
-  const int64_t block_elems = s.n_kv * kD * kB;
   const int64_t b0 = first / kB, b1 = (end + kB - 1) / kB, width = (b1 - b0) * kB;
   const int64_t lo = first - b0 * kB, hi = end - b0 * kB;  // attended: [lo, hi)
   const auto* qp = reinterpret_cast<const int32_t*>(q);  // [kG][kPairs] bf16 pairs
   const __m512 scale = _mm512_set1_ps(s.scale);
   // Scores: two accumulators per head (even and odd dimension pairs) hide VDPBF16PS latency.
   for (int64_t b = b0; b < b1; ++b) {
-    const uint16_t* keys = k_cache + table[b] * block_elems + h * kD * kB;  // [D/2, 16, 2]
+    const uint16_t* keys = k_cache + table[b] * s.at.block + h * s.at.head;  // [D/2, 16, 2]
     // The block kAhead on, or past the last the first value blocks (for the P.V pass): its
     // lines two per step below, not in one burst, which stalls on the line fill buffers.
     const int64_t ahead = b + kAhead;
     const char* next = nullptr;
     if (ahead < b1)
-      next = reinterpret_cast<const char*>(k_cache + table[ahead] * block_elems + h * kD * kB);
+      next = reinterpret_cast<const char*>(k_cache + table[ahead] * s.at.block + h * s.at.head);
     else if (ahead - (b1 - b0) < b1)
-      next = reinterpret_cast<const char*>(v_cache + table[ahead - (b1 - b0)] * block_elems +
-                                           h * kD * kB);
+      next = reinterpret_cast<const char*>(v_cache + table[ahead - (b1 - b0)] * s.at.block +
+                                           h * s.at.head);
     __m512 acc[kG][2];
     for (int64_t g = 0; g < kG; ++g) acc[g][0] = acc[g][1] = _mm512_setzero_ps();
     for (int64_t p = 0; p < kPairs; p += 2) {
@@ -255,11 +254,11 @@ void attend_chunk_bf16(const Shape& s, int64_t h, const uint16_t* q, const uint1
           acc[g][c] = cb == b0 ? _mm512_setzero_ps()
                                : _mm512_loadu_ps(acc_out + g * kD + (c0 + c) * 16);
       for (int64_t b = cb; b < ce; ++b) {
-        const uint16_t* values = v_cache + table[b] * block_elems + h * kD * kB;  // [8, D, 2]
+        const uint16_t* values = v_cache + table[b] * s.at.block + h * s.at.head;  // [8, D, 2]
         // the first slice brings the block kAhead on, a row a step (as the scores)
         const char* next = c0 == 0 && b + kAhead < b1
                                ? reinterpret_cast<const char*>(
-                                     v_cache + table[b + kAhead] * block_elems + h * kD * kB)
+                                     v_cache + table[b + kAhead] * s.at.block + h * s.at.head)
                                : nullptr;
         const int64_t base = (b - b0) * kB;
         const int64_t j0 = std::max<int64_t>(lo - base, 0) / 2;
@@ -369,9 +368,8 @@ void dispatch(const Shape& s, const T* q, const T* k, const T* v, const int32_t*
           const int64_t nseq = next / s.n_kv, nh = next % s.n_kv, stop = lens[nseq];
           const int64_t start = attended_from(s, stop);
           const int32_t* ntable = tables + nseq * s.max_blocks;
-          const int64_t block_elems = s.n_kv * s.dim * kB;
           for (int64_t b = start / kB; b < std::min(start / kB + kAhead, (stop + kB - 1) / kB); ++b)
-            prefetch(k + ntable[b] * block_elems + nh * s.dim * kB, s.dim * kB * 2);
+            prefetch(k + ntable[b] * s.at.block + nh * s.at.head, s.dim * kB * 2);
         }
         const int32_t* table = tables + seq * s.max_blocks;
         if (s.dim == 64)
@@ -397,13 +395,7 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
                                   const at::Tensor& v_cache, const at::Tensor& block_tables,
                                   const at::Tensor& seq_lens, double scale, int64_t window) {
   TORCH_CHECK(q.dim() == 3, "q must be [N, H, D]");
-  TORCH_CHECK(k_cache.dim() == 5 && v_cache.dim() == 5, "caches must be 5-D");
-  TORCH_CHECK(k_cache.size(0) == v_cache.size(0) && k_cache.size(1) == v_cache.size(1) &&
-                  k_cache.size(2) * 2 == v_cache.size(3) && k_cache.size(3) == v_cache.size(2) * 2 &&
-                  k_cache.size(4) == 2 && v_cache.size(4) == 2,
-              "k_cache must be [blocks, kv_heads, D / 2, block, 2] and v_cache [blocks, "
-              "kv_heads, block / 2, D, 2]");
-  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "caches must be contiguous");
+  const CacheStrides at = cache_strides(k_cache, v_cache);
   TORCH_CHECK(q.stride(2) == 1 && q.stride(1) == q.size(2), "q rows must be contiguous");
   TORCH_CHECK(q.scalar_type() == k_cache.scalar_type() &&
                   q.scalar_type() == v_cache.scalar_type(),
@@ -420,7 +412,7 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
   auto out = at::empty({q.size(0), q.size(1), q.size(2)}, q.options());
   Shape s{q.size(0), q.size(1), k_cache.size(1), q.size(1) / k_cache.size(1), q.size(2),
           k_cache.size(3), block_tables.size(1), q.stride(0), window,
-          static_cast<float>(scale)};
+          static_cast<float>(scale), at};
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_decode", [&] {
     dispatch<scalar_t>(s, q.data_ptr<scalar_t>(), k_cache.data_ptr<scalar_t>(),
                        v_cache.data_ptr<scalar_t>(), block_tables.data_ptr<int32_t>(),

@@ -33,7 +33,8 @@ constexpr int64_t kQ = 16;  // queries per work item; positions per cache block
 struct Geometry {
   const uint16_t* k_cache;
   const uint16_t* v_cache;
-  int64_t block_elems, dim, heads, groups;
+  CacheStrides at;  // where block b's slab of head h starts: b * at.block + h * at.head
+  int64_t dim, heads, groups;
 };
 
 // out[i][c0 .. c0 + 64) = P[i] . V / sum[i] over the key pairs of blocks [b0, b1) up to
@@ -48,7 +49,7 @@ inline void pv_tile(const Geometry& g, int64_t h, const int32_t* table, const ui
   for (int i = 0; i < R; ++i)
     for (int c = 0; c < 4; ++c) acc[i][c] = _mm512_setzero_ps();
   for (int64_t b = b0; b < b1; ++b) {
-    const uint16_t* vb = g.v_cache + table[b] * g.block_elems + h * kQ * g.dim;  // [8, D, 2]
+    const uint16_t* vb = g.v_cache + table[b] * g.at.block + h * g.at.head;  // [8, D, 2]
     const int64_t pairs = b + 1 < b1 ? kQ / 2 : (last - b * kQ) / 2 + 1;
     for (int64_t jp = 0; jp < pairs; ++jp) {
       const __mmask32 keep =
@@ -82,7 +83,7 @@ inline void score_tile(const Geometry& g, int64_t h, const int32_t* table,
                        int64_t width) {
   __m512 acc[8][NB];
   const uint16_t* kb[NB];
-  for (int j = 0; j < NB; ++j) kb[j] = g.k_cache + table[b + j] * g.block_elems + h * g.dim * kQ;
+  for (int j = 0; j < NB; ++j) kb[j] = g.k_cache + table[b + j] * g.at.block + h * g.at.head;
   for (int i = 0; i < 8; ++i)
     for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_setzero_ps();
   for (int64_t p = 0; p < pairs; ++p) {
@@ -159,7 +160,7 @@ void amx_attention(const Geometry& g, const AmxItem& it, float* scores, uint16_t
   // overlaps them): tmm0 = Q (32 dims) times K blocks (16 pairs x 16 keys, tmm1 / tmm6).
   configure_tiles({{m, 64}, {16, 64}, {m, 64}, {m, 64}, {m, 64}, {m, 64}, {16, 64}});
   const auto key_block = [&](int64_t b) {
-    return g.k_cache + it.table[b] * g.block_elems + it.h * g.dim * kQ;
+    return g.k_cache + it.table[b] * g.at.block + it.h * g.at.head;
   };
   int64_t b = it.b0;
   for (; b + 4 <= it.b1; b += 4) {
@@ -206,7 +207,7 @@ void amx_attention(const Geometry& g, const AmxItem& it, float* scores, uint16_t
   // x 16 columns).
   alignas(64) uint16_t tail[kQ / 2 * 256 * 2];  // the last block's values, head_dim <= 256
   alignas(64) float acc[kQ][64];
-  const uint16_t* vlast = g.v_cache + it.table[it.b1 - 1] * g.block_elems + it.h * kQ * g.dim;
+  const uint16_t* vlast = g.v_cache + it.table[it.b1 - 1] * g.at.block + it.h * g.at.head;
   const int64_t keep = it.last - (it.b1 - 1) * kQ + 1;  // positions of the last block in use
   std::memcpy(tail, vlast, kQ * g.dim * sizeof(uint16_t));
   for (int64_t j = keep; j < kQ; ++j)
@@ -220,7 +221,7 @@ void amx_attention(const Geometry& g, const AmxItem& it, float* scores, uint16_t
     for (int64_t b = it.b0; b < it.b1; ++b) {
       const uint16_t* vb = b + 1 == it.b1
                                ? tail
-                               : g.v_cache + it.table[b] * g.block_elems + it.h * kQ * g.dim;
+                               : g.v_cache + it.table[b] * g.at.block + it.h * g.at.head;
       _tile_loadd(4, probs + b * kQ, width * 2);
       _tile_loadd(5, vb + c0 * 2, g.dim * 4);
       _tile_dpbf16ps(0, 4, 5);
@@ -260,11 +261,8 @@ void paged_prefill_attention(const at::Tensor& q, const at::Tensor& k_cache,
               "q must be [N, H, D] with contiguous heads");
   TORCH_CHECK(out.sizes() == q.sizes() && out.is_contiguous(), "out must be a contiguous q-sized");
   const int64_t heads = q.size(1), dim = q.size(2);
-  TORCH_CHECK(k_cache.dim() == 5 && v_cache.dim() == 5 && k_cache.is_contiguous() &&
-                  v_cache.is_contiguous() && k_cache.size(2) * 2 == dim &&
-                  k_cache.size(3) == kQ && k_cache.size(4) == 2 && v_cache.size(2) * 2 == kQ &&
-                  v_cache.size(3) == dim && v_cache.size(4) == 2 &&
-                  v_cache.size(0) == k_cache.size(0) && v_cache.size(1) == k_cache.size(1),
+  const CacheStrides at = cache_strides(k_cache, v_cache);
+  TORCH_CHECK(k_cache.size(2) * 2 == dim && k_cache.size(3) == kQ,
               "caches must be [blocks, kv_heads, D / 2, 16, 2] and [blocks, kv_heads, 8, D, 2]");
   const int64_t kv = k_cache.size(1);
   TORCH_CHECK(heads % kv == 0, "query heads must be a multiple of kv heads");
@@ -294,7 +292,7 @@ void paged_prefill_attention(const at::Tensor& q, const at::Tensor& k_cache,
 
   const Geometry g{reinterpret_cast<const uint16_t*>(k_cache.data_ptr<c10::BFloat16>()),
                    reinterpret_cast<const uint16_t*>(v_cache.data_ptr<c10::BFloat16>()),
-                   kv * dim * kQ, dim, heads, heads / kv};
+                   at, dim, heads, heads / kv};
   const auto* qd = reinterpret_cast<const uint16_t*>(q.data_ptr<c10::BFloat16>());
   auto* od = reinterpret_cast<uint16_t*>(out.data_ptr<c10::BFloat16>());
   const int32_t* table_base = tables.data_ptr<int32_t>();

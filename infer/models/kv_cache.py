@@ -26,6 +26,11 @@ class PagedKVCache:
     ``[layers, num_blocks, kv_heads, block_size / 2, head_dim, 2]``; ``block_size`` and
     ``head_dim`` must be even. A token at position ``p`` of a sequence lives in block
     ``table[p // block_size]`` at offset ``p % block_size``.
+
+    In memory each layer keeps one head's blocks together (``k`` and ``v`` are views of
+    ``[layers, kv_heads, num_blocks, ...]``): the blocks a sequence takes in order lie one
+    after another, so that the attention kernels read one head's keys as one stream, which
+    the CPU's prefetchers follow, instead of a block here and the next a head further on.
     """
 
     def __init__(
@@ -41,12 +46,10 @@ class PagedKVCache:
         if config.head_dim % 2:
             raise ValueError(f"head_dim must be even, got {config.head_dim}")
         layers, kv, dim = config.num_hidden_layers, config.num_key_value_heads, config.head_dim
-        self.k = torch.zeros(
-            layers, num_blocks, kv, dim // 2, block_size, 2, dtype=dtype, device=device
-        )
-        self.v = torch.zeros(
-            layers, num_blocks, kv, block_size // 2, dim, 2, dtype=dtype, device=device
-        )
+        shape = (layers, kv, num_blocks, dim * block_size)
+        pools = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(2)]
+        self.k = pools[0].view(layers, kv, num_blocks, dim // 2, block_size, 2).transpose(1, 2)
+        self.v = pools[1].view(layers, kv, num_blocks, block_size // 2, dim, 2).transpose(1, 2)
         self.num_blocks = num_blocks
         self.block_size = block_size
         # Each layer's (k, v) views, made once: indexing makes a new view every call, and a

@@ -122,6 +122,68 @@ def test_kernel_refuses_mismatched_shapes(ops: ModuleType) -> None:
         ops.paged_decode_attention(q, k, v, tables, lens, 1.0, 0)
 
 
+def _head_major(cache: torch.Tensor) -> torch.Tensor:
+    """The same cache ``[blocks, kv_heads, ...]`` with each head's blocks together in memory,
+    as :class:`~infer.models.kv_cache.PagedKVCache` lays it out."""
+    return cache.transpose(0, 1).contiguous().transpose(0, 1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_head_major_caches_give_the_same_bits(ops: ModuleType, dtype) -> None:
+    """Decode attention and the rotary cache write read and write a head-major pool where a
+    block-major one has the same numbers: the same outputs, bit for bit."""
+    from infer.models.config import ModelConfig
+    from infer.models.kv_cache import PagedKVCache
+
+    gen = torch.Generator().manual_seed(3)
+    n, kv, groups, dim, block, blocks = 3, 2, 6, 128, 16, 40
+    k_cache = torch.randn(blocks, kv, dim // 2, block, 2, generator=gen).to(dtype)
+    v_cache = torch.randn(blocks, kv, block // 2, dim, 2, generator=gen).to(dtype)
+    tables = torch.randperm(blocks, generator=gen)[: n * 12].view(n, 12).to(torch.int32)
+    lens = torch.tensor([190, 1, 77], dtype=torch.int32)
+    q = torch.randn(n, kv * groups, dim, generator=gen).to(dtype)
+    want = ops.paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.09, 0)
+    hk, hv = _head_major(k_cache), _head_major(v_cache)
+    assert not hk.is_contiguous()
+    assert torch.equal(ops.paged_decode_attention(q, hk, hv, tables, lens, 0.09, 0), want)
+
+    qkv = torch.randn(4, (kv * groups + 2 * kv) * dim, generator=gen).to(dtype)
+    angles = torch.rand(4, dim // 2, generator=gen)
+    slots = torch.tensor([0, 17, 5 * block + 3, 39 * block + 15])
+    stored = []
+    for caches in (
+        (k_cache.clone(), v_cache.clone()),
+        (_head_major(k_cache), _head_major(v_cache)),
+    ):
+        x = qkv.clone()
+        ops.rope_and_cache(x, angles.cos(), angles.sin(), kv * groups, kv, *caches, slots)
+        stored.append((x, *caches))
+    for a, b in zip(*stored, strict=True):
+        assert torch.equal(a, b)
+
+    # the pool the engine allocates is head-major, and the kernels take its layer views
+    config = ModelConfig("Qwen2ForCausalLM", 64, kv * groups * dim, 64, 2, kv * groups, kv, dim)
+    pool = PagedKVCache(config, blocks, block, dtype)
+    layer_k, layer_v = pool.layers[1]
+    layer_k.copy_(k_cache)
+    layer_v.copy_(v_cache)
+    assert torch.equal(ops.paged_decode_attention(q, layer_k, layer_v, tables, lens, 0.09, 0), want)
+
+
+def test_kernels_refuse_overlapping_cache_layouts(ops: ModuleType) -> None:
+    """A cache whose (block, head) slabs are not each contiguous, or whose keys and values
+    lie differently, is refused with a message, never read out of place."""
+    q = torch.randn(1, 4, 16)
+    k = torch.randn(3, 2, 8, 4, 2)
+    v = torch.randn(3, 2, 2, 16, 2)
+    tables = torch.zeros(1, 3, dtype=torch.int32)
+    lens = torch.ones(1, dtype=torch.int32)
+    strided = torch.randn(3, 2, 4, 8, 2).transpose(2, 3)  # keys' inner rows out of order
+    for kc, vc in ((strided, v), (_head_major(k), v), (k[:, :1].expand(3, 2, 8, 4, 2), v)):
+        with pytest.raises(RuntimeError, match="contiguously"):
+            ops.paged_decode_attention(q, kc, vc, tables, lens, 1.0, 0)
+
+
 needs_bf16 = pytest.mark.skipif(not kernels.has_bf16(), reason="this CPU has no AVX512-BF16")
 
 
@@ -261,7 +323,8 @@ def test_paged_prefill_attention_matches_reference(
     tile_kernel: str, heads, kv, dim, window
 ) -> None:
     """Spans of a packed batch, with and without a cached prefix, over scattered blocks:
-    causal, windowed, any GQA grouping; stale (NaN) cache entries past a span never leak."""
+    causal, windowed, any GQA grouping; stale (NaN) cache entries past a span never leak; a
+    head-major cache gives the same bits."""
     from infer.models.kv_cache import keys_of, values_of
 
     gen = torch.Generator().manual_seed(heads + dim + window)
@@ -280,6 +343,11 @@ def test_paged_prefill_attention_matches_reference(
     out = torch.zeros(rows, heads, dim, dtype=torch.bfloat16)
     info = torch.tensor(spans, dtype=torch.int32)
     kernels.ops().paged_prefill_attention(q, k_cache, v_cache, tables, info, dim**-0.5, window, out)
+    head_major = torch.zeros_like(out)
+    kernels.ops().paged_prefill_attention(
+        q, _head_major(k_cache), _head_major(v_cache), tables, info, dim**-0.5, window, head_major
+    )
+    assert torch.equal(head_major, out)  # the engine's layout, the same bits
     for table, (offset, length, start) in zip(tables.long(), spans, strict=True):
         keys = keys_of(k_cache[table])[:, : start + length]
         values = values_of(v_cache[table])[:, : start + length]
