@@ -313,6 +313,218 @@ void attend_one_bf16(const Shape& s, int64_t seq, int64_t h, const c10::BFloat16
 }
 #endif
 
+#if !(defined(__AVX512BF16__) && defined(__AVX512F__)) && defined(__AVX2__) && defined(__FMA__)
+#define INFER_ATTENTION_AVX2 1
+// ---- bf16 on AVX2 (laptops), 16-position blocks -----------------------------------------
+//
+// A bf16 is the top half of a float, and each 32-bit lane of the cache holds two: two
+// dimensions of one key position, or one dimension of two value positions. A shift and a
+// mask make them two vectors of 8 floats for the FMAs, with no strided widening and no sums
+// in memory (the generic loop's). Scores go 8 positions and up to 4 heads at a time (8
+// sums), P.V 16 dimensions and up to 2 heads (8 sums, even and odd positions apart), so that
+// the sums stay in the 16 registers. The reads are spread over the FMAs (see the prefetches
+// below): the loop is bound by its FMAs, whether the cache comes from memory or from L3. P
+// stays float, as in the generic loop.
+constexpr int64_t kB2 = 16;
+constexpr int64_t kAhead2 = 2;  // key blocks prefetched ahead
+// Blocks of values whose P.V slices are taken in turn: 16 KB of one head's values at head
+// size 128, in L1 for every slice after the first. The slices of a chunk bring the next
+// chunk between them, so that reading the values overlaps their FMAs.
+constexpr int64_t kPvBlocks2 = 4;
+
+// The floats of each lane's bf16 pair: its low half in lo, its high half in hi.
+inline void unpair(__m256i v, __m256& lo, __m256& hi) {
+  lo = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+  hi = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
+}
+
+// Scores of kH heads (q rows kD floats apart, scaled) against one block's 16 keys [kD/2, 16,
+// 2], into out[g * ld + 0 .. 16). It makes two passes over the block (8 positions each), pass
+// `pass` of `passes` of this block: each brings its share of the lines of `next` (a block is
+// kD / 2 lines), so that the reads spread over the block's FMAs rather than stall them.
+template <int64_t kD, int64_t kH>
+inline void score_block_avx2(const uint16_t* keys, const float* q, float* out, int64_t ld,
+                             const char* next, int64_t pass, int64_t passes) {
+  const int64_t share = (kD / 2 + passes - 1) / passes;  // lines a pass
+  for (int64_t half = 0; half < 2; ++half, ++pass) {
+    __m256 acc[kH][2];  // even and odd dimensions apart: two chains a head
+    for (int64_t g = 0; g < kH; ++g) acc[g][0] = acc[g][1] = _mm256_setzero_ps();
+    const char* pf = next ? next + pass * share * 64 : nullptr;
+    const int64_t pf_lines = next ? std::min(share, kD / 2 - pass * share) : 0;
+    for (int64_t p = 0; p < kD / 2; ++p) {
+      if (p < pf_lines) _mm_prefetch(pf + p * 64, _MM_HINT_T1);
+      __m256 even, odd;
+      unpair(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(keys + p * 2 * kB2 + half * 16)),
+             even, odd);
+      for (int64_t g = 0; g < kH; ++g) {
+        acc[g][0] = _mm256_fmadd_ps(even, _mm256_broadcast_ss(q + g * kD + 2 * p), acc[g][0]);
+        acc[g][1] = _mm256_fmadd_ps(odd, _mm256_broadcast_ss(q + g * kD + 2 * p + 1), acc[g][1]);
+      }
+    }
+    for (int64_t g = 0; g < kH; ++g)
+      _mm256_storeu_ps(out + g * ld + half * 8, _mm256_add_ps(acc[g][0], acc[g][1]));
+  }
+}
+
+// acc[g * kD + d0 .. + 16) += P[g] . V over the attended positions [lo, hi) of blocks [cb, ce)
+// (P rows `ld` apart, from block b0's first position), for kH heads. A pair half outside
+// [lo, hi) is masked to zero when loaded: a stale value there (even a NaN) must not reach
+// 0 * value. Each pair brings one line of the next chunk, from line `line` of it (its blocks'
+// lines one after another, kD / 2 a block) up to `lines`: the slices of a chunk share them out,
+// so that the next chunk's reads overlap all of this one's FMAs.
+template <int64_t kD, int64_t kH>
+inline void pv_slice_avx2(const Shape& s, int64_t h, const uint16_t* v_cache,
+                          const int32_t* table, int64_t b0, int64_t cb, int64_t ce, int64_t lo,
+                          int64_t hi, const float* p, int64_t ld, int64_t d0,
+                          const char* const* next, int64_t line, int64_t lines, float* acc_out) {
+  constexpr int64_t kLines = kD / 2;  // lines of a block
+  __m256 acc[kH][2][2];  // [head][dimensions d0 + 8c][even, odd position]
+  for (int64_t g = 0; g < kH; ++g)
+    for (int64_t c = 0; c < 2; ++c) {
+      acc[g][c][0] = _mm256_loadu_ps(acc_out + g * kD + d0 + 8 * c);
+      acc[g][c][1] = _mm256_setzero_ps();
+    }
+  for (int64_t b = cb; b < ce; ++b) {
+    const uint16_t* values = v_cache + table[b] * s.at.block + h * s.at.head;  // [8, kD, 2]
+    const int64_t base = (b - b0) * kB2;
+    const int64_t j0 = std::max<int64_t>(lo - base, 0) / 2;
+    const int64_t j1 = (std::min<int64_t>(hi - base, kB2) + 1) / 2;
+    for (int64_t j = j0; j < j1; ++j) {
+      const int64_t t = base + 2 * j;  // the pair's first position
+      if (line < lines) {
+        _mm_prefetch(next[line / kLines] + line % kLines * 64, _MM_HINT_T1);
+        ++line;
+      }
+      const uint16_t* row = values + (j * kD + d0) * 2;
+      __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row));
+      __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 16));
+      if (t < lo || t + 1 >= hi) {
+        const __m256i keep = _mm256_set1_epi32(static_cast<int>(
+            (t >= lo ? 0x0000FFFFu : 0u) | (t + 1 < hi ? 0xFFFF0000u : 0u)));
+        v0 = _mm256_and_si256(v0, keep);
+        v1 = _mm256_and_si256(v1, keep);
+      }
+      __m256 e0, o0, e1, o1;
+      unpair(v0, e0, o0);
+      unpair(v1, e1, o1);
+      for (int64_t g = 0; g < kH; ++g) {
+        const __m256 pe = _mm256_broadcast_ss(p + g * ld + t);
+        const __m256 po = _mm256_broadcast_ss(p + g * ld + t + 1);
+        acc[g][0][0] = _mm256_fmadd_ps(e0, pe, acc[g][0][0]);
+        acc[g][0][1] = _mm256_fmadd_ps(o0, po, acc[g][0][1]);
+        acc[g][1][0] = _mm256_fmadd_ps(e1, pe, acc[g][1][0]);
+        acc[g][1][1] = _mm256_fmadd_ps(o1, po, acc[g][1][1]);
+      }
+    }
+  }
+  for (int64_t g = 0; g < kH; ++g)
+    for (int64_t c = 0; c < 2; ++c)
+      _mm256_storeu_ps(acc_out + g * kD + d0 + 8 * c, _mm256_add_ps(acc[g][c][0], acc[g][c][1]));
+}
+
+// f(std::integral_constant<int64_t, n>{}) for n in [1, 4]: a block of heads.
+template <typename F>
+inline void with_block(int64_t n, const F& f) {
+  switch (n) {
+    case 4: return f(std::integral_constant<int64_t, 4>{});
+    case 3: return f(std::integral_constant<int64_t, 3>{});
+    case 2: return f(std::integral_constant<int64_t, 2>{});
+    default: return f(std::integral_constant<int64_t, 1>{});
+  }
+}
+
+// kG query heads of one KV head (q rows of kD floats, scaled) over positions [first, end):
+// scores, an exact softmax in float, then P.V into acc [kG][kD]. scores holds kG rows of the
+// positions from first's block start.
+template <int64_t kD>
+void attend_chunk_avx2(const Shape& s, int64_t h, int64_t heads, const float* qf,
+                       const uint16_t* k_cache, const uint16_t* v_cache, const int32_t* table,
+                       int64_t first, int64_t end, float* scores, float* acc) {
+  const int64_t b0 = first / kB2, b1 = (end + kB2 - 1) / kB2, width = (b1 - b0) * kB2;
+  const int64_t lo = first - b0 * kB2, hi = end - b0 * kB2;  // attended: [lo, hi)
+  for (int64_t b = b0; b < b1; ++b) {
+    const uint16_t* keys = k_cache + table[b] * s.at.block + h * s.at.head;  // [kD/2, 16, 2]
+    const char* next = b + kAhead2 < b1 ? reinterpret_cast<const char*>(
+                                              k_cache + table[b + kAhead2] * s.at.block +
+                                              h * s.at.head)
+                                        : nullptr;
+    const int64_t passes = 2 * ((heads + 3) / 4);
+    for (int64_t g0 = 0; g0 < heads; g0 += 4) {
+      with_block(std::min<int64_t>(4, heads - g0), [&](auto n) {
+        score_block_avx2<kD, decltype(n)::value>(keys, qf + g0 * kD,
+                                                 scores + g0 * width + (b - b0) * kB2, width,
+                                                 next, g0 / 2, passes);
+      });
+    }
+  }
+  for (int64_t b = b0; b < std::min(b1, b0 + kPvBlocks2); ++b)  // P.V's first chunk
+    prefetch(v_cache + table[b] * s.at.block + h * s.at.head, kD * kB2 * 2);
+  for (int64_t g = 0; g < heads; ++g) {  // P over [lo, hi), zero outside it
+    float* sg = scores + g * width;
+    const float mx = row_max(sg + lo, hi - lo);
+    float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t t = lo; t < hi; ++t) {
+      sg[t] = fast_exp(sg[t] - mx);
+      sum += sg[t];
+    }
+    const float inv = 1.f / sum;
+#pragma omp simd
+    for (int64_t t = lo; t < hi; ++t) sg[t] *= inv;
+    for (int64_t t = 0; t < lo; ++t) sg[t] = 0.f;
+    for (int64_t t = hi; t < width; ++t) sg[t] = 0.f;
+  }
+  for (int64_t i = 0; i < heads * kD; ++i) acc[i] = 0.f;
+  // chunks of kPvBlocks2 blocks, each taken by every (head block, 16 dimensions) slice in turn:
+  // the first slice reads the chunk from memory, the others from L2
+  for (int64_t cb = b0; cb < b1; cb += kPvBlocks2) {
+    const int64_t ce = std::min(b1, cb + kPvBlocks2);
+    // the next chunk's lines, shared out over this chunk's slices
+    const char* next[kPvBlocks2];
+    for (int64_t b = ce; b < std::min(b1, ce + kPvBlocks2); ++b)
+      next[b - ce] = reinterpret_cast<const char*>(v_cache + table[b] * s.at.block + h * s.at.head);
+    const int64_t lines = (std::min(b1, ce + kPvBlocks2) - ce) * (kD / 2);
+    const int64_t slices = (heads + 1) / 2 * (kD / 16);
+    const int64_t share = (lines + slices - 1) / slices;
+    int64_t slice = 0;
+    for (int64_t g0 = 0; g0 < heads; g0 += 2) {
+      with_block(std::min<int64_t>(2, heads - g0), [&](auto n) {
+        for (int64_t d0 = 0; d0 < kD; d0 += 16, ++slice)
+          pv_slice_avx2<kD, decltype(n)::value>(
+              s, h, v_cache, table, b0, cb, ce, lo, hi, scores + g0 * width, width, d0, next,
+              std::min(lines, slice * share), std::min(lines, (slice + 1) * share),
+              acc + g0 * kD);
+      });
+    }
+  }
+}
+
+template <int64_t kD>
+void attend_one_avx2(const Shape& s, int64_t seq, int64_t h, const c10::BFloat16* q,
+                     const c10::BFloat16* k_cache, const c10::BFloat16* v_cache,
+                     const int32_t* table, int64_t first, int64_t end, c10::BFloat16* out,
+                     std::vector<float>& scores, std::vector<float>& qf) {
+  const int64_t width = ((end + kB2 - 1) / kB2 - first / kB2) * kB2, groups = s.groups;
+  const int64_t chunk = std::min(kGroupMax, groups);
+  scores.resize(chunk * width);
+  qf.resize(groups * kD);
+  alignas(32) float acc[kGroupMax * kD];
+  for (int64_t g = 0; g < groups; ++g) {
+    const c10::BFloat16* src = q + seq * s.q_stride + (h * groups + g) * kD;
+    for (int64_t i = 0; i < kD; ++i) qf[g * kD + i] = to_float(src[i]) * s.scale;
+  }
+  const auto* kc = reinterpret_cast<const uint16_t*>(k_cache);
+  const auto* vc = reinterpret_cast<const uint16_t*>(v_cache);
+  for (int64_t g0 = 0; g0 < groups; g0 += kGroupMax) {
+    const int64_t n = std::min(kGroupMax, groups - g0);
+    attend_chunk_avx2<kD>(s, h, n, qf.data() + g0 * kD, kc, vc, table, first, end,
+                          scores.data(), acc);
+    c10::BFloat16* dst = out + seq * s.n_heads * kD + (h * groups + g0) * kD;
+    for (int64_t i = 0; i < n * kD; ++i) dst[i] = from_float<c10::BFloat16>(acc[i]);
+  }
+}
+#endif
+
 // The first position a sequence of `stop` positions attends (its sliding window's start).
 inline int64_t attended_from(const Shape& s, int64_t stop) {
   return s.window > 0 ? std::max<int64_t>(0, stop - s.window) : 0;
@@ -378,6 +590,23 @@ void dispatch(const Shape& s, const T* q, const T* k, const T* v, const int32_t*
           attend_one_bf16<128>(s, seq, h, q, k, v, table, first, end, out, scores, probs);
         else
           attend_one_bf16<256>(s, seq, h, q, k, v, table, first, end, out, scores, probs);
+      });
+      return;
+    }
+  }
+#endif
+#ifdef INFER_ATTENTION_AVX2
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    if (s.block == kB2 && (s.dim == 64 || s.dim == 128 || s.dim == 256)) {
+      for_each_head(s, lens, [&](int64_t seq, int64_t h, int64_t first, int64_t end) {
+        thread_local std::vector<float> scores, qf;
+        const int32_t* table = tables + seq * s.max_blocks;
+        if (s.dim == 64)
+          attend_one_avx2<64>(s, seq, h, q, k, v, table, first, end, out, scores, qf);
+        else if (s.dim == 128)
+          attend_one_avx2<128>(s, seq, h, q, k, v, table, first, end, out, scores, qf);
+        else
+          attend_one_avx2<256>(s, seq, h, q, k, v, table, first, end, out, scores, qf);
       });
       return;
     }
