@@ -180,9 +180,9 @@ void attend_one(const Shape& s, int64_t seq, int64_t h, const T* q, const T* k_c
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
 constexpr int64_t kB = 16;
 constexpr int64_t kAhead = 2;  // blocks prefetched ahead
-// Blocks of values whose P.V slices are taken in turn (see attend_chunk_bf16): 1024 positions,
-// 256 KB of one head's values at head size 128, in L2 beside the scores.
-constexpr int64_t kPvBlocks = 64;
+// Blocks of values whose P.V slices are taken in turn (see attend_chunk_bf16): 64 positions,
+// 16 KB of one head's values at head size 128, in L1 for every slice after the first.
+constexpr int64_t kPvBlocks = 4;
 // Vectors of 16 dimensions per P.V slice: the most that divide kC with kG * kS accumulators
 // in 24 of the 32 registers.
 constexpr int64_t pv_slice(int64_t g, int64_t c) {
@@ -235,6 +235,8 @@ void attend_chunk_bf16(const Shape& s, int64_t h, const uint16_t* q, const uint1
       _mm512_storeu_ps(scores + g * width + (b - b0) * kB,
                        _mm512_mul_ps(_mm512_add_ps(acc[g][0], acc[g][1]), scale));
   }
+  for (int64_t b = b0; b < std::min(b1, b0 + kPvBlocks); ++b)  // P.V's first chunk
+    prefetch(v_cache + table[b] * s.at.block + h * s.at.head, kD * kB * 2);
   // Exact softmax per head over [lo, hi); P in bf16, zero outside it.
   for (int64_t g = 0; g < kG; ++g)
     softmax_bf16(scores + g * width, probs + g * width, 0, lo, hi, width);
@@ -242,11 +244,20 @@ void attend_chunk_bf16(const Shape& s, int64_t h, const uint16_t* q, const uint1
   // loaded: a stale value there (another sequence's, even a NaN) must not reach 0 * value.
   // kG heads' kD sums do not all fit in registers: they go kS vectors (of 16 dimensions) at a
   // time, over chunks of kPvBlocks blocks, so that a chunk's values, read from memory by the
-  // first slice, are in L2 for the others. Each sum still adds its positions in order.
+  // first slice, are in L1 for the others. Each sum still adds its positions in order. The
+  // slices of a chunk bring the next chunk between them, a few lines a pair: reading the
+  // values then overlaps all of the slices' products, not only the first's.
   const auto* pp = reinterpret_cast<const int32_t*>(probs);  // [kG][width / 2] pairs
   constexpr int64_t kS = pv_slice(kG, kC);
+  constexpr int64_t kLines = kD / 2;  // lines of a block
   for (int64_t cb = b0; cb < b1; cb += kPvBlocks) {
-    const int64_t ce = std::min(b1, cb + kPvBlocks);
+    const int64_t ce = std::min(b1, cb + kPvBlocks), ne = std::min(b1, ce + kPvBlocks);
+    const char* next[kPvBlocks];
+    for (int64_t b = ce; b < ne; ++b)
+      next[b - ce] = reinterpret_cast<const char*>(v_cache + table[b] * s.at.block + h * s.at.head);
+    const int64_t lines = (ne - ce) * kLines, pairs = (kC / kS) * (ce - cb) * (kB / 2);
+    const int64_t per_pair = (lines + pairs - 1) / pairs;
+    int64_t line = 0;
     for (int64_t c0 = 0; c0 < kC; c0 += kS) {
       __m512 acc[kG][kS];
       for (int64_t g = 0; g < kG; ++g)
@@ -255,19 +266,13 @@ void attend_chunk_bf16(const Shape& s, int64_t h, const uint16_t* q, const uint1
                                : _mm512_loadu_ps(acc_out + g * kD + (c0 + c) * 16);
       for (int64_t b = cb; b < ce; ++b) {
         const uint16_t* values = v_cache + table[b] * s.at.block + h * s.at.head;  // [8, D, 2]
-        // the first slice brings the block kAhead on, a row a step (as the scores)
-        const char* next = c0 == 0 && b + kAhead < b1
-                               ? reinterpret_cast<const char*>(
-                                     v_cache + table[b + kAhead] * s.at.block + h * s.at.head)
-                               : nullptr;
         const int64_t base = (b - b0) * kB;
         const int64_t j0 = std::max<int64_t>(lo - base, 0) / 2;
         const int64_t j1 = (std::min<int64_t>(hi - base, kB) + 1) / 2;
         for (int64_t j = j0; j < j1; ++j) {
           const int64_t t = base + 2 * j;  // the pair's first position
-          if (next)
-            for (int64_t line = 0; line < kD / 16; ++line)  // a row of the block: 2 kD bf16
-              _mm_prefetch(next + (j * kD / 16 + line) * 64, _MM_HINT_T1);
+          for (int64_t i = 0; i < per_pair && line < lines; ++i, ++line)
+            _mm_prefetch(next[line / kLines] + line % kLines * 64, _MM_HINT_T1);
           const __mmask32 keep = t < lo ? 0xAAAAAAAAu : t + 1 >= hi ? 0x55555555u : 0xFFFFFFFFu;
           __m512bh v[kS];
           for (int64_t c = 0; c < kS; ++c)
