@@ -131,19 +131,7 @@ void attend_chunk(const Shape& s, int64_t h, const float* qf, const T* k_cache, 
       for (int64_t j = 0; j < n; ++j) scores[g * len + pos - first + j] = part[g][offset + j];
     pos += n;
   }
-  for (int64_t g = 0; g < kG; ++g) {
-    float* sg = scores + g * len;
-    const float mx = row_max(sg, len);
-    float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t t = 0; t < len; ++t) {
-      sg[t] = fast_exp(sg[t] - mx);
-      sum += sg[t];
-    }
-    const float inv = 1.f / sum;
-#pragma omp simd
-    for (int64_t t = 0; t < len; ++t) sg[t] *= inv;
-  }
+  for (int64_t g = 0; g < kG; ++g) softmax_float(scores + g * len, 0, 0, len, len);
   sum_values<T, kD, kBlock, kG>(s, h, v_cache, table, first, end, scores, len, acc);
 }
 
@@ -464,21 +452,8 @@ void attend_chunk_avx2(const Shape& s, int64_t h, int64_t heads, const float* qf
   }
   for (int64_t b = b0; b < std::min(b1, b0 + kPvBlocks2); ++b)  // P.V's first chunk
     prefetch(v_cache + table[b] * s.at.block + h * s.at.head, kD * kB2 * 2);
-  for (int64_t g = 0; g < heads; ++g) {  // P over [lo, hi), zero outside it
-    float* sg = scores + g * width;
-    const float mx = row_max(sg + lo, hi - lo);
-    float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t t = lo; t < hi; ++t) {
-      sg[t] = fast_exp(sg[t] - mx);
-      sum += sg[t];
-    }
-    const float inv = 1.f / sum;
-#pragma omp simd
-    for (int64_t t = lo; t < hi; ++t) sg[t] *= inv;
-    for (int64_t t = 0; t < lo; ++t) sg[t] = 0.f;
-    for (int64_t t = hi; t < width; ++t) sg[t] = 0.f;
-  }
+  for (int64_t g = 0; g < heads; ++g)  // P over [lo, hi), zero outside it
+    softmax_float(scores + g * width, 0, lo, hi, width);
   for (int64_t i = 0; i < heads * kD; ++i) acc[i] = 0.f;
   // chunks of kPvBlocks2 blocks, each taken by every (head block, 16 dimensions) slice in turn:
   // the first slice reads the chunk from memory, the others from L2

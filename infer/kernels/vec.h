@@ -233,10 +233,8 @@ inline float row_max(const float* x, int64_t n) {
 #endif
 }
 
-// Softmax of x[lo, hi), exact in float (x keeps the exponentials), written to p[lo, hi) as
-// bf16 bits for a VDPBF16PS P.V; p[begin, lo) and p[hi, end) are zeroed.
-inline void softmax_bf16(float* x, uint16_t* p, int64_t begin, int64_t lo, int64_t hi,
-                         int64_t end) {
+// x[lo, hi) replaced by exp(x - max x), in float; returns their sum.
+inline float exp_less_max(float* x, int64_t lo, int64_t hi) {
   const float mx = row_max(x + lo, hi - lo);
   float sum = 0.f;
 #pragma omp simd reduction(+ : sum)
@@ -244,7 +242,23 @@ inline void softmax_bf16(float* x, uint16_t* p, int64_t begin, int64_t lo, int64
     x[t] = fast_exp(x[t] - mx);
     sum += x[t];
   }
-  const float inv = 1.f / sum;
+  return sum;
+}
+
+// Softmax of x[lo, hi) in place, exact in float; x[begin, lo) and x[hi, end) are zeroed.
+inline void softmax_float(float* x, int64_t begin, int64_t lo, int64_t hi, int64_t end) {
+  const float inv = 1.f / exp_less_max(x, lo, hi);
+#pragma omp simd
+  for (int64_t t = lo; t < hi; ++t) x[t] *= inv;
+  for (int64_t t = begin; t < lo; ++t) x[t] = 0.f;
+  for (int64_t t = hi; t < end; ++t) x[t] = 0.f;
+}
+
+// Softmax of x[lo, hi), exact in float (x keeps the exponentials), written to p[lo, hi) as
+// bf16 bits for a VDPBF16PS P.V; p[begin, lo) and p[hi, end) are zeroed.
+inline void softmax_bf16(float* x, uint16_t* p, int64_t begin, int64_t lo, int64_t hi,
+                         int64_t end) {
+  const float inv = 1.f / exp_less_max(x, lo, hi);
   for (int64_t t = begin; t < lo; ++t) p[t] = 0;
 #pragma omp simd
   for (int64_t t = lo; t < hi; ++t) p[t] = from_float<c10::BFloat16>(x[t] * inv).x;
