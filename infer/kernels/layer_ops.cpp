@@ -157,8 +157,8 @@ _Pragma("omp simd")
           const scalar_t* key = row + (num_heads + h) * dim;
           const scalar_t* value = row + (num_heads + num_kv_heads + h) * dim;
           // Keys [D/2, block, 2], values [block/2, D, 2] (see PagedKVCache).
-          scalar_t* kdst = kc + blk * st.block + h * st.head + 2 * off;
-          scalar_t* vdst = vc + blk * st.block + h * st.head + (off - off % 2) * dim + off % 2;
+          scalar_t* kdst = kc + st.of(blk, h) + 2 * off;
+          scalar_t* vdst = vc + st.of(blk, h) + (off - off % 2) * dim + off % 2;
           for (int64_t p = 0; p < half; ++p) {
             kdst[2 * p * block] = key[2 * p];
             kdst[2 * p * block + 1] = key[2 * p + 1];

@@ -13,6 +13,8 @@
 // Returns the distance between blocks and between heads, in elements.
 struct CacheStrides {
   int64_t block, head;
+  // where the slab of block b, head h starts
+  int64_t of(int64_t b, int64_t h) const { return b * block + h * head; }
 };
 CacheStrides cache_strides(const at::Tensor& k_cache, const at::Tensor& v_cache);
 

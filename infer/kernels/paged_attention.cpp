@@ -3,12 +3,13 @@
 //
 // Layouts (per layer, see PagedKVCache and cache_strides): keys [blocks, kv_heads, head_dim / 2,
 // block, 2] and values [blocks, kv_heads, block / 2, head_dim, 2]. With AVX512-BF16 and
-// 16-position blocks, one VDPBF16PS scores a query against a block's 16 positions two dimensions at a time (no
-// horizontal sums), and one adds two positions' weighted values (P rounded to bf16, as the
-// prefill kernel and torch's flash kernel do): a third of the instructions of widening bf16
-// to float and FMA-ing. Elsewhere a generic loop computes the same in float. Each (sequence,
-// KV head) reads its own blocks from memory once, for its own length, for every query head
-// of its group.
+// 16-position blocks, one VDPBF16PS scores a query against a block's 16 positions two
+// dimensions at a time (no horizontal sums), and one adds two positions' weighted values (P
+// rounded to bf16, as the prefill kernel and torch's flash kernel do): a third of the
+// instructions of widening bf16 to float and FMA-ing. On AVX2, bf16 caches have their own
+// FMA loop; elsewhere a generic loop computes the same in float. Each (sequence, KV head)
+// reads its own blocks from memory once, for its own length, for every query head of its
+// group.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -28,7 +29,7 @@ namespace {
 struct Shape {
   int64_t n_seqs, n_heads, n_kv, groups, dim, block, max_blocks, q_stride, window;
   float scale;
-  CacheStrides at;  // where block b's slab of head h starts: b * at.block + h * at.head
+  CacheStrides at;  // where each (block, head) slab of the caches starts
 };
 
 // Ask for a block before it is used: a sequence's blocks are scattered over the pool, so the
@@ -39,6 +40,25 @@ inline void prefetch(const void* p, int64_t bytes) {
   const char* c = static_cast<const char*>(p);
   for (int64_t i = 0; i < bytes; i += 64) __builtin_prefetch(c + i, 0, 2);
 }
+
+// The lines of one head's blocks [from, to) (kLines a block, kBlocks blocks at most), asked
+// for a few at a time between other work, so that their reads overlap it rather than stall
+// it in one burst: fetch(n) brings the next n, up to line `end` (every line unless set).
+template <int64_t kBlocks, int64_t kLines>
+struct BlockLines {
+  const char* block[kBlocks];
+  int64_t lines, line = 0, end;
+  BlockLines(const Shape& s, const uint16_t* cache, const int32_t* table, int64_t h,
+             int64_t from, int64_t to)
+      : lines((to - from) * kLines), end(lines) {
+    for (int64_t b = from; b < to; ++b)
+      block[b - from] = reinterpret_cast<const char*>(cache + s.at.of(table[b], h));
+  }
+  void fetch(int64_t n) {
+    for (; n > 0 && line < end; --n, ++line)
+      __builtin_prefetch(block[line / kLines] + line % kLines * 64, 0, 2);  // into L2
+  }
+};
 
 // Query heads of one KV head per pass over its keys and values: every head of the groups
 // models have (2 to 8), so that each block is read from memory once.
@@ -94,8 +114,8 @@ inline void sum_values(const Shape& s, int64_t h, const T* v_cache, const int32_
   float a[kG][kD ? kD : 512] = {};
   for (int64_t pos = first; pos < end;) {
     const int64_t offset = pos % block, n = std::min(block - offset, end - pos);
-    const T* values = v_cache + table[pos / block] * s.at.block + h * s.at.head;
-    if (pos + n < end) prefetch(v_cache + table[(pos + n) / block] * s.at.block + h * s.at.head,
+    const T* values = v_cache + s.at.of(table[pos / block], h);
+    if (pos + n < end) prefetch(v_cache + s.at.of(table[(pos + n) / block], h),
                                 dim * block * sizeof(T));
     for (int64_t j = offset; j < offset + n; ++j) {
       const T* row = values + (j - j % 2) * dim + j % 2;
@@ -122,8 +142,8 @@ void attend_chunk(const Shape& s, int64_t h, const float* qf, const T* k_cache, 
   const int64_t len = end - first;
   for (int64_t pos = first; pos < end;) {
     const int64_t offset = pos % block, n = std::min(block - offset, end - pos);
-    const T* keys = k_cache + table[pos / block] * s.at.block + h * s.at.head;
-    if (pos + n < end) prefetch(k_cache + table[(pos + n) / block] * s.at.block + h * s.at.head,
+    const T* keys = k_cache + s.at.of(table[pos / block], h);
+    if (pos + n < end) prefetch(k_cache + s.at.of(table[(pos + n) / block], h),
                                 dim * block * sizeof(T));
     float part[kG][kBlock ? kBlock : 256];
     score_block<T, kD, kBlock, kG>(qf, keys, dim, block, part);
@@ -193,16 +213,15 @@ void attend_chunk_bf16(const Shape& s, int64_t h, const uint16_t* q, const uint1
   const __m512 scale = _mm512_set1_ps(s.scale);
   // Scores: two accumulators per head (even and odd dimension pairs) hide VDPBF16PS latency.
   for (int64_t b = b0; b < b1; ++b) {
-    const uint16_t* keys = k_cache + table[b] * s.at.block + h * s.at.head;  // [D/2, 16, 2]
+    const uint16_t* keys = k_cache + s.at.of(table[b], h);  // [D/2, 16, 2]
     // The block kAhead on, or past the last the first value blocks (for the P.V pass): its
     // lines two per step below, not in one burst, which stalls on the line fill buffers.
     const int64_t ahead = b + kAhead;
     const char* next = nullptr;
     if (ahead < b1)
-      next = reinterpret_cast<const char*>(k_cache + table[ahead] * s.at.block + h * s.at.head);
+      next = reinterpret_cast<const char*>(k_cache + s.at.of(table[ahead], h));
     else if (ahead - (b1 - b0) < b1)
-      next = reinterpret_cast<const char*>(v_cache + table[ahead - (b1 - b0)] * s.at.block +
-                                           h * s.at.head);
+      next = reinterpret_cast<const char*>(v_cache + s.at.of(table[ahead - (b1 - b0)], h));
     __m512 acc[kG][2];
     for (int64_t g = 0; g < kG; ++g) acc[g][0] = acc[g][1] = _mm512_setzero_ps();
     for (int64_t p = 0; p < kPairs; p += 2) {
@@ -224,7 +243,7 @@ void attend_chunk_bf16(const Shape& s, int64_t h, const uint16_t* q, const uint1
                        _mm512_mul_ps(_mm512_add_ps(acc[g][0], acc[g][1]), scale));
   }
   for (int64_t b = b0; b < std::min(b1, b0 + kPvBlocks); ++b)  // P.V's first chunk
-    prefetch(v_cache + table[b] * s.at.block + h * s.at.head, kD * kB * 2);
+    prefetch(v_cache + s.at.of(table[b], h), kD * kB * 2);
   // Exact softmax per head over [lo, hi); P in bf16, zero outside it.
   for (int64_t g = 0; g < kG; ++g)
     softmax_bf16(scores + g * width, probs + g * width, 0, lo, hi, width);
@@ -237,15 +256,11 @@ void attend_chunk_bf16(const Shape& s, int64_t h, const uint16_t* q, const uint1
   // values then overlaps all of the slices' products, not only the first's.
   const auto* pp = reinterpret_cast<const int32_t*>(probs);  // [kG][width / 2] pairs
   constexpr int64_t kS = pv_slice(kG, kC);
-  constexpr int64_t kLines = kD / 2;  // lines of a block
   for (int64_t cb = b0; cb < b1; cb += kPvBlocks) {
-    const int64_t ce = std::min(b1, cb + kPvBlocks), ne = std::min(b1, ce + kPvBlocks);
-    const char* next[kPvBlocks];
-    for (int64_t b = ce; b < ne; ++b)
-      next[b - ce] = reinterpret_cast<const char*>(v_cache + table[b] * s.at.block + h * s.at.head);
-    const int64_t lines = (ne - ce) * kLines, pairs = (kC / kS) * (ce - cb) * (kB / 2);
-    const int64_t per_pair = (lines + pairs - 1) / pairs;
-    int64_t line = 0;
+    const int64_t ce = std::min(b1, cb + kPvBlocks);
+    BlockLines<kPvBlocks, kD / 2> next(s, v_cache, table, h, ce, std::min(b1, ce + kPvBlocks));
+    const int64_t pairs = (kC / kS) * (ce - cb) * (kB / 2);
+    const int64_t per_pair = (next.lines + pairs - 1) / pairs;
     for (int64_t c0 = 0; c0 < kC; c0 += kS) {
       __m512 acc[kG][kS];
       for (int64_t g = 0; g < kG; ++g)
@@ -253,14 +268,13 @@ void attend_chunk_bf16(const Shape& s, int64_t h, const uint16_t* q, const uint1
           acc[g][c] = cb == b0 ? _mm512_setzero_ps()
                                : _mm512_loadu_ps(acc_out + g * kD + (c0 + c) * 16);
       for (int64_t b = cb; b < ce; ++b) {
-        const uint16_t* values = v_cache + table[b] * s.at.block + h * s.at.head;  // [8, D, 2]
+        const uint16_t* values = v_cache + s.at.of(table[b], h);  // [8, D, 2]
         const int64_t base = (b - b0) * kB;
         const int64_t j0 = std::max<int64_t>(lo - base, 0) / 2;
         const int64_t j1 = (std::min<int64_t>(hi - base, kB) + 1) / 2;
         for (int64_t j = j0; j < j1; ++j) {
           const int64_t t = base + 2 * j;  // the pair's first position
-          for (int64_t i = 0; i < per_pair && line < lines; ++i, ++line)
-            _mm_prefetch(next[line / kLines] + line % kLines * 64, _MM_HINT_T1);
+          next.fetch(per_pair);
           const __mmask32 keep = t < lo ? 0xAAAAAAAAu : t + 1 >= hi ? 0x55555555u : 0xFFFFFFFFu;
           __m512bh v[kS];
           for (int64_t c = 0; c < kS; ++c)
@@ -362,15 +376,13 @@ inline void score_block_avx2(const uint16_t* keys, const float* q, float* out, i
 // acc[g * kD + d0 .. + 16) += P[g] . V over the attended positions [lo, hi) of blocks [cb, ce)
 // (P rows `ld` apart, from block b0's first position), for kH heads. A pair half outside
 // [lo, hi) is masked to zero when loaded: a stale value there (even a NaN) must not reach
-// 0 * value. Each pair brings one line of the next chunk, from line `line` of it (its blocks'
-// lines one after another, kD / 2 a block) up to `lines`: the slices of a chunk share them out,
-// so that the next chunk's reads overlap all of this one's FMAs.
-template <int64_t kD, int64_t kH>
+// 0 * value. Each pair brings one of the lines of `next` this slice is given: the slices of a
+// chunk share out the next chunk's, so that its reads overlap all of this one's FMAs.
+template <int64_t kD, int64_t kH, typename Lines>
 inline void pv_slice_avx2(const Shape& s, int64_t h, const uint16_t* v_cache,
                           const int32_t* table, int64_t b0, int64_t cb, int64_t ce, int64_t lo,
-                          int64_t hi, const float* p, int64_t ld, int64_t d0,
-                          const char* const* next, int64_t line, int64_t lines, float* acc_out) {
-  constexpr int64_t kLines = kD / 2;  // lines of a block
+                          int64_t hi, const float* p, int64_t ld, int64_t d0, Lines& next,
+                          float* acc_out) {
   __m256 acc[kH][2][2];  // [head][dimensions d0 + 8c][even, odd position]
   for (int64_t g = 0; g < kH; ++g)
     for (int64_t c = 0; c < 2; ++c) {
@@ -378,16 +390,13 @@ inline void pv_slice_avx2(const Shape& s, int64_t h, const uint16_t* v_cache,
       acc[g][c][1] = _mm256_setzero_ps();
     }
   for (int64_t b = cb; b < ce; ++b) {
-    const uint16_t* values = v_cache + table[b] * s.at.block + h * s.at.head;  // [8, kD, 2]
+    const uint16_t* values = v_cache + s.at.of(table[b], h);  // [8, kD, 2]
     const int64_t base = (b - b0) * kB2;
     const int64_t j0 = std::max<int64_t>(lo - base, 0) / 2;
     const int64_t j1 = (std::min<int64_t>(hi - base, kB2) + 1) / 2;
     for (int64_t j = j0; j < j1; ++j) {
       const int64_t t = base + 2 * j;  // the pair's first position
-      if (line < lines) {
-        _mm_prefetch(next[line / kLines] + line % kLines * 64, _MM_HINT_T1);
-        ++line;
-      }
+      next.fetch(1);
       const uint16_t* row = values + (j * kD + d0) * 2;
       __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row));
       __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 16));
@@ -436,10 +445,9 @@ void attend_chunk_avx2(const Shape& s, int64_t h, int64_t heads, const float* qf
   const int64_t b0 = first / kB2, b1 = (end + kB2 - 1) / kB2, width = (b1 - b0) * kB2;
   const int64_t lo = first - b0 * kB2, hi = end - b0 * kB2;  // attended: [lo, hi)
   for (int64_t b = b0; b < b1; ++b) {
-    const uint16_t* keys = k_cache + table[b] * s.at.block + h * s.at.head;  // [kD/2, 16, 2]
+    const uint16_t* keys = k_cache + s.at.of(table[b], h);  // [kD/2, 16, 2]
     const char* next = b + kAhead2 < b1 ? reinterpret_cast<const char*>(
-                                              k_cache + table[b + kAhead2] * s.at.block +
-                                              h * s.at.head)
+                                              k_cache + s.at.of(table[b + kAhead2], h))
                                         : nullptr;
     const int64_t passes = 2 * ((heads + 3) / 4);
     for (int64_t g0 = 0; g0 < heads; g0 += 4) {
@@ -451,29 +459,27 @@ void attend_chunk_avx2(const Shape& s, int64_t h, int64_t heads, const float* qf
     }
   }
   for (int64_t b = b0; b < std::min(b1, b0 + kPvBlocks2); ++b)  // P.V's first chunk
-    prefetch(v_cache + table[b] * s.at.block + h * s.at.head, kD * kB2 * 2);
+    prefetch(v_cache + s.at.of(table[b], h), kD * kB2 * 2);
   for (int64_t g = 0; g < heads; ++g)  // P over [lo, hi), zero outside it
     softmax_float(scores + g * width, 0, lo, hi, width);
   for (int64_t i = 0; i < heads * kD; ++i) acc[i] = 0.f;
-  // chunks of kPvBlocks2 blocks, each taken by every (head block, 16 dimensions) slice in turn:
-  // the first slice reads the chunk from memory, the others from L2
+  // chunks of kPvBlocks2 blocks, each taken by every (head block, 16 dimensions) slice in turn,
+  // from L1 after the first; the slices share out the next chunk's lines
   for (int64_t cb = b0; cb < b1; cb += kPvBlocks2) {
     const int64_t ce = std::min(b1, cb + kPvBlocks2);
-    // the next chunk's lines, shared out over this chunk's slices
-    const char* next[kPvBlocks2];
-    for (int64_t b = ce; b < std::min(b1, ce + kPvBlocks2); ++b)
-      next[b - ce] = reinterpret_cast<const char*>(v_cache + table[b] * s.at.block + h * s.at.head);
-    const int64_t lines = (std::min(b1, ce + kPvBlocks2) - ce) * (kD / 2);
+    BlockLines<kPvBlocks2, kD / 2> next(s, v_cache, table, h, ce, std::min(b1, ce + kPvBlocks2));
     const int64_t slices = (heads + 1) / 2 * (kD / 16);
-    const int64_t share = (lines + slices - 1) / slices;
+    const int64_t share = (next.lines + slices - 1) / slices;
     int64_t slice = 0;
     for (int64_t g0 = 0; g0 < heads; g0 += 2) {
       with_block(std::min<int64_t>(2, heads - g0), [&](auto n) {
-        for (int64_t d0 = 0; d0 < kD; d0 += 16, ++slice)
-          pv_slice_avx2<kD, decltype(n)::value>(
-              s, h, v_cache, table, b0, cb, ce, lo, hi, scores + g0 * width, width, d0, next,
-              std::min(lines, slice * share), std::min(lines, (slice + 1) * share),
-              acc + g0 * kD);
+        for (int64_t d0 = 0; d0 < kD; d0 += 16, ++slice) {
+          next.line = std::min(next.lines, slice * share);
+          next.end = std::min(next.lines, (slice + 1) * share);
+          pv_slice_avx2<kD, decltype(n)::value>(s, h, v_cache, table, b0, cb, ce, lo, hi,
+                                                scores + g0 * width, width, d0, next,
+                                                acc + g0 * kD);
+        }
       });
     }
   }
@@ -561,7 +567,7 @@ void dispatch(const Shape& s, const T* q, const T* k, const T* v, const int32_t*
           const int64_t start = attended_from(s, stop);
           const int32_t* ntable = tables + nseq * s.max_blocks;
           for (int64_t b = start / kB; b < std::min(start / kB + kAhead, (stop + kB - 1) / kB); ++b)
-            prefetch(k + ntable[b] * s.at.block + nh * s.at.head, s.dim * kB * 2);
+            prefetch(k + s.at.of(ntable[b], nh), s.dim * kB * 2);
         }
         const int32_t* table = tables + seq * s.max_blocks;
         if (s.dim == 64)

@@ -33,7 +33,7 @@ constexpr int64_t kQ = 16;  // queries per work item; positions per cache block
 struct Geometry {
   const uint16_t* k_cache;
   const uint16_t* v_cache;
-  CacheStrides at;  // where block b's slab of head h starts: b * at.block + h * at.head
+  CacheStrides at;  // where each (block, head) slab of the caches starts
   int64_t dim, heads, groups;
 };
 
@@ -49,7 +49,7 @@ inline void pv_tile(const Geometry& g, int64_t h, const int32_t* table, const ui
   for (int i = 0; i < R; ++i)
     for (int c = 0; c < 4; ++c) acc[i][c] = _mm512_setzero_ps();
   for (int64_t b = b0; b < b1; ++b) {
-    const uint16_t* vb = g.v_cache + table[b] * g.at.block + h * g.at.head;  // [8, D, 2]
+    const uint16_t* vb = g.v_cache + g.at.of(table[b], h);  // [8, D, 2]
     const int64_t pairs = b + 1 < b1 ? kQ / 2 : (last - b * kQ) / 2 + 1;
     for (int64_t jp = 0; jp < pairs; ++jp) {
       const __mmask32 keep =
@@ -83,7 +83,7 @@ inline void score_tile(const Geometry& g, int64_t h, const int32_t* table,
                        int64_t width) {
   __m512 acc[8][NB];
   const uint16_t* kb[NB];
-  for (int j = 0; j < NB; ++j) kb[j] = g.k_cache + table[b + j] * g.at.block + h * g.at.head;
+  for (int j = 0; j < NB; ++j) kb[j] = g.k_cache + g.at.of(table[b + j], h);
   for (int i = 0; i < 8; ++i)
     for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_setzero_ps();
   for (int64_t p = 0; p < pairs; ++p) {
@@ -160,7 +160,7 @@ void amx_attention(const Geometry& g, const AmxItem& it, float* scores, uint16_t
   // overlaps them): tmm0 = Q (32 dims) times K blocks (16 pairs x 16 keys, tmm1 / tmm6).
   configure_tiles({{m, 64}, {16, 64}, {m, 64}, {m, 64}, {m, 64}, {m, 64}, {16, 64}});
   const auto key_block = [&](int64_t b) {
-    return g.k_cache + it.table[b] * g.at.block + it.h * g.at.head;
+    return g.k_cache + g.at.of(it.table[b], it.h);
   };
   int64_t b = it.b0;
   for (; b + 4 <= it.b1; b += 4) {
@@ -207,7 +207,7 @@ void amx_attention(const Geometry& g, const AmxItem& it, float* scores, uint16_t
   // x 16 columns).
   alignas(64) uint16_t tail[kQ / 2 * 256 * 2];  // the last block's values, head_dim <= 256
   alignas(64) float acc[kQ][64];
-  const uint16_t* vlast = g.v_cache + it.table[it.b1 - 1] * g.at.block + it.h * g.at.head;
+  const uint16_t* vlast = g.v_cache + g.at.of(it.table[it.b1 - 1], it.h);
   const int64_t keep = it.last - (it.b1 - 1) * kQ + 1;  // positions of the last block in use
   std::memcpy(tail, vlast, kQ * g.dim * sizeof(uint16_t));
   for (int64_t j = keep; j < kQ; ++j)
@@ -221,7 +221,7 @@ void amx_attention(const Geometry& g, const AmxItem& it, float* scores, uint16_t
     for (int64_t b = it.b0; b < it.b1; ++b) {
       const uint16_t* vb = b + 1 == it.b1
                                ? tail
-                               : g.v_cache + it.table[b] * g.at.block + it.h * g.at.head;
+                               : g.v_cache + g.at.of(it.table[b], it.h);
       _tile_loadd(4, probs + b * kQ, width * 2);
       _tile_loadd(5, vb + c0 * 2, g.dim * 4);
       _tile_dpbf16ps(0, 4, 5);
