@@ -161,6 +161,20 @@ struct V {
     return _mm512_reduce_add_epi32(q);
   }
 };
+// The operations weights() and group_dots() take on 8 lanes for one row reading one stream
+// (see there): EVEX VPDPBUSD on 256 bits.
+struct Y {
+  using I = __m256i;
+  static I zero() { return _mm256_setzero_si256(); }
+  static I load(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+  static I set1(int32_t v) { return _mm256_set1_epi32(v); }
+  static I set1_8(char v) { return _mm256_set1_epi8(v); }
+  static I and_(I a, I b) { return _mm256_and_si256(a, b); }
+  static I or_(I a, I b) { return _mm256_or_si256(a, b); }
+  static I srli16(I a, unsigned n) { return _mm256_srli_epi16(a, n); }
+  static I slli16(I a, unsigned n) { return _mm256_slli_epi16(a, n); }
+  static I dot(I acc, I u, I x) { return _mm256_dpbusd_epi32(acc, u, x); }
+};
 #else
 // The same operations on 8 lanes: AVX2, with AVX-VNNI's dot products where the CPU has them.
 struct V {
@@ -398,28 +412,30 @@ struct Unit {
   const uint8_t* q;
   const int8_t* sc;
   const at::Half* sup;
+  bool stream;  // a pass of up to kRows rows that reads one stream per thread (see linear())
 };
 
 // The unit's kW columns' weight vector of k step `step` (four k's) from its q. A block's
 // rows of 16 columns are 64 bytes; a unit of 8 reads its half.
-template <int Bits>
-inline VI weights(const uint8_t* q, int64_t step) {
-  const VI nib = V::set1_8(0x0F);
+template <int Bits, typename T = V>
+inline typename T::I weights(const uint8_t* q, int64_t step) {
+  using I = typename T::I;
+  const I nib = T::set1_8(0x0F);
   if constexpr (Bits == 8) {
-    return V::load(q + step * 64);
+    return T::load(q + step * 64);
   } else if constexpr (Bits == 4) {
-    const VI v = V::load(q + (step >> 1) * 64);
-    return (step & 1) ? V::and_(V::srli16(v, 4), nib) : V::and_(v, nib);
+    const I v = T::load(q + (step >> 1) * 64);
+    return (step & 1) ? T::and_(T::srli16(v, 4), nib) : T::and_(v, nib);
   } else {  // 6 bits: 192 bytes per four steps
     const uint8_t* quad = q + (step >> 2) * 192;
-    const VI v = V::load(quad + ((step >> 1) & 1) * 64);
-    const VI low = (step & 1) ? V::and_(V::srli16(v, 4), nib) : V::and_(v, nib);
+    const I v = T::load(quad + ((step >> 1) & 1) * 64);
+    const I low = (step & 1) ? T::and_(T::srli16(v, 4), nib) : T::and_(v, nib);
     // this step's two top bits to bits 4-5 of each byte (16-bit shifts: the mask drops
     // what crosses from the neighbouring byte)
-    const VI tops = V::load(quad + 128);
+    const I tops = T::load(quad + 128);
     const int shift = 2 * static_cast<int>(step & 3);
-    const VI high = shift <= 4 ? V::slli16(tops, 4 - shift) : V::srli16(tops, shift - 4);
-    return V::or_(low, V::and_(high, V::set1_8(0x30)));
+    const I high = shift <= 4 ? T::slli16(tops, 4 - shift) : T::srli16(tops, shift - 4);
+    return T::or_(low, T::and_(high, T::set1_8(0x30)));
   }
 }
 
@@ -584,6 +600,27 @@ inline void group_dots(const Unit* u, int64_t g, const int32_t* const* xq, VI (&
     }
     return;
   }
+#if INFER_QUANT_BITS == 512
+  if constexpr (R == 1 && C == 1 && Bits != 8) {
+    if (u[0].stream) {
+      // One row reading one stream: the block in its two 256-bit halves (columns 0-7 and
+      // 8-15), as the 8-lane builds read it. The same integer sums. On Zen 5, in minutes
+      // when the memory was fast, the linears read 4-10% more so than on 512 bits, though
+      // slower with their weights in cache (loading each line on 512 bits and splitting it
+      // gained half as much); in slow minutes, the same. At 2-4 rows the halves are bound by
+      // their arithmetic: a decode step of 4 rows was 14% slower.
+      Y::I lo = Y::zero(), hi = Y::zero();
+#pragma GCC unroll 16
+      for (int st = 0; st < kSteps; ++st) {
+        const Y::I xb = Y::set1(xq[0][g * kSteps + st]);
+        lo = Y::dot(lo, weights<Bits, Y>(qg[0], st), xb);
+        hi = Y::dot(hi, weights<Bits, Y>(qg[0] + 32, st), xb);
+      }
+      dot[0][0] = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+      return;
+    }
+  }
+#endif
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) dot[r][c] = V::zero();
   // unrolled, so that each step's nibble and shift are constants
@@ -1175,7 +1212,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight,
   // The unit of block `blk` that starts `half` vectors in.
   auto unit = [&](int64_t blk, int64_t half) {
     return Unit{l.q + blk * l.q_block + half * kW * 4, l.sc + blk * l.sc_block + half * kW,
-                l.sup + blk * l.sup_block + half * kW};
+                l.sup + blk * l.sup_block + half * kW, one_stream};
   };
   // units a pass, not gated: one where a tile of one unit is wide or one row reads a stream
   // (on 8 lanes a pass of two reads one block)

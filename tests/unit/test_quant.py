@@ -242,7 +242,8 @@ def test_scales_that_repeat_are_not_stored(qtype: QT, stored: int) -> None:
 @each_target
 def test_a_rows_output_does_not_depend_on_the_other_rows(target: str) -> None:
     """A row gets the same bits alone, among a few (up to 4 rows read the weights in another
-    order: twins far apart on Intel, one stream on AMD) and among 70, plain and gated."""
+    order: twins far apart on Intel, one stream on AMD, one row there in 256-bit halves) and
+    among 70, plain and gated."""
     ops = kernels.ops_for(target)
     for i, w in enumerate(_weights()):
         packed = quant.pack(w)
