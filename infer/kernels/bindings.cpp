@@ -19,6 +19,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "paged cache at slots (block * block_size + offset; < 0: not stored)", NoGil());
   m.def("gated_activation", &gated_activation,
         "act(gate) * up of [N, 2I] rows: SiLU, or tanh-GELU when gelu", NoGil());
+  m.def("quant_embedding", &quant_embedding,
+        "Rows ids of a quantized table (QuantTensor's u, scale, offset, d, m), dequantized "
+        "as QuantTensor.dequantize does, in dtype", NoGil());
   m.def("argmax_rows", &argmax_rows,
         "torch.argmax(x, dim=1) of float32 rows (first index on ties, NaN the largest)", NoGil());
   m.def("sample_rows", &sample_rows,

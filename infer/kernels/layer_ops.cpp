@@ -1,6 +1,6 @@
 // The elementwise parts of a decoder layer, each one pass over its rows: RMSNorm (with the
 // residual add folded in), rotary embedding plus the KV-cache write, and the gated
-// activation. In eager torch each of these is 3 to 8 ops with bf16 <-> float copies in
+// activation; and the lookup of a quantized embedding table. In eager torch each of these is 3 to 8 ops with bf16 <-> float copies in
 // between; at decode sizes that per-op cost, not arithmetic, was a third of a step.
 //
 // Rounding follows torch's eager ops where a test compares them: a bf16 RMSNorm rounds the
@@ -243,6 +243,74 @@ at::Tensor argmax_rows(const at::Tensor& x) {
   int64_t* op = out.data_ptr<int64_t>();
   for_range(rows, rows * n, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) op[r] = row_argmax(xp + r * ld, n);
+  });
+  return out;
+}
+
+namespace {
+
+// One row of a quantized table, as QuantTensor.dequantize computes it: per group, float32
+// D*s and M*o, then (D*s)*u - (M*o), each product and difference rounded to float32 (no
+// fused multiply-add, which would round once), then out's dtype.
+template <typename T>
+__attribute__((optimize("fp-contract=off"))) void embed_row(
+    const uint8_t* u, const int8_t* scale, const int8_t* offset, const at::Half* d,
+    const at::Half* m, int64_t k, int64_t bits, int64_t group, int64_t supers_every, T* out) {
+  for (int64_t g = 0; g < k / group; ++g) {
+    const float s = static_cast<float>(d[g / supers_every]) * static_cast<float>(scale[g]);
+    const float o = static_cast<float>(m[g / supers_every]) * static_cast<float>(offset[g]);
+    T* dst = out + g * group;
+    if (bits == 4) {  // two to a byte, the first in the low nibble
+      const uint8_t* src = u + g * group / 2;
+#pragma omp simd
+      for (int64_t i = 0; i < group / 2; ++i) {
+        dst[2 * i] = from_float<T>(s * static_cast<float>(src[i] & 15) - o);
+        dst[2 * i + 1] = from_float<T>(s * static_cast<float>(src[i] >> 4) - o);
+      }
+    } else {
+      const uint8_t* src = u + g * group;
+#pragma omp simd
+      for (int64_t i = 0; i < group; ++i) dst[i] = from_float<T>(s * static_cast<float>(src[i]) - o);
+    }
+  }
+}
+
+}  // namespace
+
+at::Tensor quant_embedding(const at::Tensor& ids, const at::Tensor& u, const at::Tensor& scale,
+                           const at::Tensor& offset, const at::Tensor& d, const at::Tensor& m,
+                           int64_t bits, int64_t group, int64_t supers_every,
+                           at::ScalarType dtype) {
+  TORCH_CHECK(ids.scalar_type() == at::kLong && ids.dim() == 1 && ids.is_contiguous(),
+              "ids must be a contiguous int64 [N]");
+  TORCH_CHECK(bits == 4 || bits == 6 || bits == 8, "bits must be 4, 6 or 8");
+  const int64_t rows = u.size(0), stored = u.size(1), k = bits == 4 ? 2 * stored : stored;
+  TORCH_CHECK(group > 0 && supers_every > 0 && k % group == 0, "k must be whole groups");
+  const int64_t groups = k / group, supers = (groups + supers_every - 1) / supers_every;
+  TORCH_CHECK(u.scalar_type() == at::kByte && u.dim() == 2 && u.is_contiguous() &&
+                  scale.scalar_type() == at::kChar && offset.scalar_type() == at::kChar &&
+                  scale.is_contiguous() && offset.is_contiguous() &&
+                  scale.sizes() == at::IntArrayRef({rows, groups}) &&
+                  offset.sizes() == scale.sizes() && d.scalar_type() == at::kHalf &&
+                  m.scalar_type() == at::kHalf && d.is_contiguous() && m.is_contiguous() &&
+                  d.size(0) == rows && d.size(1) >= supers && m.sizes() == d.sizes(),
+              "the table must be QuantTensor's contiguous u, scale, offset, d and m");
+  const int64_t n = ids.size(0);
+  const int64_t* id = ids.data_ptr<int64_t>();
+  for (int64_t i = 0; i < n; ++i)
+    TORCH_CHECK(id[i] >= 0 && id[i] < rows, "token id ", id[i], " is outside the table");
+  auto out = at::empty({n, k}, u.options().dtype(dtype));
+  const int64_t ds = d.size(1);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, dtype, "quant_embedding", [&] {
+    auto* op = out.data_ptr<scalar_t>();
+    for_range(n, n * k, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        const int64_t r = id[i];
+        embed_row(u.data_ptr<uint8_t>() + r * stored, scale.data_ptr<int8_t>() + r * groups,
+                  offset.data_ptr<int8_t>() + r * groups, d.data_ptr<at::Half>() + r * ds,
+                  m.data_ptr<at::Half>() + r * ds, k, bits, group, supers_every, op + i * k);
+      }
+    });
   });
   return out;
 }

@@ -33,6 +33,11 @@ void rope_and_cache(at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& si
 
 at::Tensor gated_activation(const at::Tensor& gate_up, bool gelu);
 
+at::Tensor quant_embedding(const at::Tensor& ids, const at::Tensor& u, const at::Tensor& scale,
+                           const at::Tensor& offset, const at::Tensor& d, const at::Tensor& m,
+                           int64_t bits, int64_t group, int64_t supers_every,
+                           at::ScalarType dtype);
+
 at::Tensor argmax_rows(const at::Tensor& x);
 
 bool has_bf16_linear();

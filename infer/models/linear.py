@@ -84,14 +84,18 @@ class QuantEmbedding(nn.Module):
         self.layout = table.layout
 
     def forward(self, ids: Tensor) -> Tensor:
-        flat = ids.reshape(-1)
-        u = self.u[flat]
-        if self.layout[0] == 4:
-            u = torch.stack([u & 15, u >> 4], dim=-1).reshape(len(flat), -1)
-        rows = QuantTensor(
-            u, self.scale[flat], self.offset[flat], self.d[flat], self.m[flat], *self.layout
+        # one kernel call: in torch ops a lookup took some 25 of them, each a dispatch
+        rows = kernels.ops().quant_embedding(
+            ids.reshape(-1).long().contiguous(),
+            self.u,
+            self.scale,
+            self.offset,
+            self.d,
+            self.m,
+            *self.layout,
+            self.dtype,
         )
-        return rows.dequantize(self.dtype).reshape(*ids.shape, -1)
+        return rows.reshape(*ids.shape, -1)
 
 
 class QuantGatedLinear(nn.Module):

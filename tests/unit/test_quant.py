@@ -12,7 +12,7 @@ from gguf.quants import dequantize, quantize
 
 from infer import kernels
 from infer.models import quant
-from infer.models.linear import QuantGatedLinear, QuantLinear
+from infer.models.linear import QuantEmbedding, QuantGatedLinear, QuantLinear
 from infer.models.quant import QuantTensor
 
 # Every kernel target this CPU can run (its own, and the AVX2 ones for laptops): each must
@@ -298,3 +298,25 @@ def test_quantize_at_load_is_close_to_the_weight() -> None:
         q = quant.quantize(w, bits)
         err = (q.dequantize() - w).abs().max() / w.abs().max()
         assert err < tol, (bits, err)
+
+
+@pytest.mark.parametrize("qtype", quant.GGUF_TYPES, ids=lambda t: t.name)
+def test_a_quantized_embedding_looks_up_the_dequantized_tables_rows(qtype: QT) -> None:
+    """Token rows of a table kept quantized (as a GGUF embedding is) are the rows of the
+    dequantized table, bit for bit, in bf16 and float32, on every target; an id outside the
+    table is refused."""
+    table = quant.from_gguf(qtype, _blocks(qtype, 40, 512, np.random.default_rng(5)), (40, 512))
+    assert table is not None
+    ids = torch.tensor([[3, 0, 39], [3, 17, 8]])
+    for dtype in (torch.bfloat16, torch.float32):
+        embedding = QuantEmbedding(table, dtype)
+        expected = table.dequantize(dtype)[ids]
+        assert torch.equal(embedding(ids), expected)
+        fields = (embedding.u, embedding.scale, embedding.offset, embedding.d, embedding.m)
+        for target in TARGETS:
+            rows = kernels.ops_for(target).quant_embedding(
+                ids.reshape(-1), *fields, *embedding.layout, dtype
+            )
+            assert torch.equal(rows.view(2, 3, -1), expected)
+    with pytest.raises(RuntimeError, match="outside the table"):
+        embedding(torch.tensor([40]))
