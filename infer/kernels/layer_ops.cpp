@@ -301,14 +301,18 @@ at::Tensor quant_embedding(const at::Tensor& ids, const at::Tensor& u, const at:
     TORCH_CHECK(id[i] >= 0 && id[i] < rows, "token id ", id[i], " is outside the table");
   auto out = at::empty({n, k}, u.options().dtype(dtype));
   const int64_t ds = d.size(1);
+  const uint8_t* up = u.data_ptr<uint8_t>();
+  const int8_t* sp = scale.data_ptr<int8_t>();
+  const int8_t* opp = offset.data_ptr<int8_t>();
+  const at::Half* dp = d.data_ptr<at::Half>();
+  const at::Half* mp = m.data_ptr<at::Half>();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, dtype, "quant_embedding", [&] {
     auto* op = out.data_ptr<scalar_t>();
     for_range(n, n * k, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
         const int64_t r = id[i];
-        embed_row(u.data_ptr<uint8_t>() + r * stored, scale.data_ptr<int8_t>() + r * groups,
-                  offset.data_ptr<int8_t>() + r * groups, d.data_ptr<at::Half>() + r * ds,
-                  m.data_ptr<at::Half>() + r * ds, k, bits, group, supers_every, op + i * k);
+        embed_row(up + r * stored, sp + r * groups, opp + r * groups, dp + r * ds, mp + r * ds,
+                  k, bits, group, supers_every, op + i * k);
       }
     });
   });

@@ -81,6 +81,20 @@ enum Act : int { kNone = 0, kSilu = 1, kGelu = 2 };
 // How a tile scales (see tile()): x per group, per group with s = o = 1, per span of groups.
 enum Mode : int { kPerGroup = 0, kUnit = 1, kSpan = 2 };
 
+// The integer operations weights() takes, on 8 lanes: the 256-bit build's V has them, and so
+// does the 512-bit build's Y.
+struct Ops8 {
+  using I = __m256i;
+  static I zero() { return _mm256_setzero_si256(); }
+  static I load(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+  static I set1(int32_t v) { return _mm256_set1_epi32(v); }
+  static I set1_8(char v) { return _mm256_set1_epi8(v); }
+  static I and_(I a, I b) { return _mm256_and_si256(a, b); }
+  static I or_(I a, I b) { return _mm256_or_si256(a, b); }
+  static I srli16(I a, unsigned n) { return _mm256_srli_epi16(a, n); }
+  static I slli16(I a, unsigned n) { return _mm256_slli_epi16(a, n); }
+};
+
 #if INFER_QUANT_BITS == 512
 // The vector operations a tile uses, on 16 lanes.
 struct V {
@@ -161,23 +175,14 @@ struct V {
     return _mm512_reduce_add_epi32(q);
   }
 };
-// The operations weights() and group_dots() take on 8 lanes for one row reading one stream
-// (see there): EVEX VPDPBUSD on 256 bits.
-struct Y {
-  using I = __m256i;
-  static I zero() { return _mm256_setzero_si256(); }
-  static I load(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
-  static I set1(int32_t v) { return _mm256_set1_epi32(v); }
-  static I set1_8(char v) { return _mm256_set1_epi8(v); }
-  static I and_(I a, I b) { return _mm256_and_si256(a, b); }
-  static I or_(I a, I b) { return _mm256_or_si256(a, b); }
-  static I srli16(I a, unsigned n) { return _mm256_srli_epi16(a, n); }
-  static I slli16(I a, unsigned n) { return _mm256_slli_epi16(a, n); }
+// The operations group_dots() takes on 8 lanes for one row reading one stream (see there):
+// EVEX VPDPBUSD on 256 bits.
+struct Y : Ops8 {
   static I dot(I acc, I u, I x) { return _mm256_dpbusd_epi32(acc, u, x); }
 };
 #else
 // The same operations on 8 lanes: AVX2, with AVX-VNNI's dot products where the CPU has them.
-struct V {
+struct V : Ops8 {
   static constexpr int64_t kWidth = 8;
 #if defined(__AVXVNNI__)
   static constexpr bool kPairs16 = false;
@@ -186,17 +191,8 @@ struct V {
   // pair sums (pairs16, add16) and widens them once (widen16), see group_dots().
   static constexpr bool kPairs16 = true;
 #endif
-  using I = __m256i;
   using F = __m256;
-  static I zero() { return _mm256_setzero_si256(); }
   static F zerof() { return _mm256_setzero_ps(); }
-  static I load(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
-  static I set1(int32_t v) { return _mm256_set1_epi32(v); }
-  static I set1_8(char v) { return _mm256_set1_epi8(v); }
-  static I and_(I a, I b) { return _mm256_and_si256(a, b); }
-  static I or_(I a, I b) { return _mm256_or_si256(a, b); }
-  static I srli16(I a, unsigned n) { return _mm256_srli_epi16(a, n); }
-  static I slli16(I a, unsigned n) { return _mm256_slli_epi16(a, n); }
   static I add(I a, I b) { return _mm256_add_epi32(a, b); }
   template <int Bits>
   static I dot(I acc, I u, I x) {
