@@ -4,7 +4,7 @@
 //
 // A weight is one uint8 tensor (packed by infer/models/quant.py): a 128-byte header (magic,
 // bits, G, S, N, K, the offsets of sc and sup, which of s and o sc holds, whether o = s with
-// M = 32 D), then
+// M = 32 D, the offset of cc), then
 //   q    per 16 output columns, every k: unsigned 8-bit values [K/4][16][4] (four k's of a
 //        column in one 32-bit lane, VPDPBUSD's operand), or 4-bit values [K/8][16][4] whose
 //        low nibbles are k 0-3 and high nibbles k 4-7 of each eight, or 6-bit values: per
@@ -12,7 +12,9 @@
 //        holding the top two bits of k 0-3 (bits 0-1), 4-7 (bits 2-3) ... 12-15 (bits 6-7);
 //   sc   per 16 columns and group of G k's (16 or 32): int8 scale s and int8 offset o [2][16],
 //        or s alone [16] where every o = s (Q6_K), or nothing where s = o = 1 (Q4_0 ... Q8_0);
-//   sup  per 16 columns and superblock of S groups: fp16 D and M [2][16].
+//   sup  per 16 columns and superblock of S groups: fp16 D and M [2][16];
+//   cc   where o = s and M = 32 D (Q6_K): per 16 columns and superblock, int32
+//        C = 128 sum_k s (u - 32) [16] (see tile(), kSpanFold).
 // The weight is w = D*s*u - M*o: Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 (S = 1, s = o = 1), Q4_K/Q5_K (S =
 // 8, 6-bit s and o) and Q6_K (G = 16, S = 16, M = 32 * D, o = s) are all this formula with
 // the file's own numbers, computed exactly in float.
@@ -79,7 +81,7 @@ constexpr int64_t kSpanK = 256;
 
 enum Act : int { kNone = 0, kSilu = 1, kGelu = 2 };
 // How a tile scales (see tile()): x per group, per group with s = o = 1, per span of groups.
-enum Mode : int { kPerGroup = 0, kUnit = 1, kSpan = 2 };
+enum Mode : int { kPerGroup = 0, kUnit = 1, kSpan = 2, kSpanFold = 3 };
 
 // The integer operations weights() takes, on 8 lanes: the 256-bit build's V has them, and so
 // does the 512-bit build's Y.
@@ -91,6 +93,7 @@ struct Ops8 {
   static I set1_8(char v) { return _mm256_set1_epi8(v); }
   static I and_(I a, I b) { return _mm256_and_si256(a, b); }
   static I or_(I a, I b) { return _mm256_or_si256(a, b); }
+  static I sub8(I a, I b) { return _mm256_sub_epi8(a, b); }
   static I srli16(I a, unsigned n) { return _mm256_srli_epi16(a, n); }
   static I slli16(I a, unsigned n) { return _mm256_slli_epi16(a, n); }
 };
@@ -110,6 +113,7 @@ struct V {
   static I set1_8(char v) { return _mm512_set1_epi8(v); }
   static I and_(I a, I b) { return _mm512_and_si512(a, b); }
   static I or_(I a, I b) { return _mm512_or_si512(a, b); }
+  static I sub8(I a, I b) { return _mm512_sub_epi8(a, b); }
   static I srli16(I a, unsigned n) { return _mm512_srli_epi16(a, n); }
   static I slli16(I a, unsigned n) { return _mm512_slli_epi16(a, n); }
   static I add(I a, I b) { return _mm512_add_epi32(a, b); }
@@ -306,6 +310,8 @@ struct Layout {
   int64_t sc_group;  // bytes of sc per 16-column block and group: 32 (s, o), 16 (s = o), 0
   int64_t o_at;      // where a group's o is in its sc: 16, or 0 (o = s)
   bool fold;         // o = s and M = 32 D (Q6_K): w = D s (u - 32)
+  const int32_t* cc;  // where fold: C = 128 sum_k s (u - 32) [blocks][supers][16]; or null
+  int64_t cc_block;
   int64_t groups, supers;
 };
 
@@ -314,7 +320,7 @@ Layout layout_of(const at::Tensor& w) {
                   w.numel() >= kHeader,
               "a quantized weight is a contiguous uint8 tensor packed by infer.models.quant");
   const auto* base = w.data_ptr<uint8_t>();
-  int64_t h[10];
+  int64_t h[11];
   std::memcpy(h, base, sizeof h);
   TORCH_CHECK(h[0] == kMagic, "not a quantized weight (bad header)");
   Layout l;
@@ -343,6 +349,11 @@ Layout layout_of(const at::Tensor& w) {
   l.q = base + kHeader;
   l.sc = reinterpret_cast<const int8_t*>(base + h[6]);
   l.sup = reinterpret_cast<const at::Half*>(base + h[7]);
+  l.cc_block = l.supers * kLanes;
+  TORCH_CHECK(h[10] == 0 || (l.fold && h[10] >= h[7] + blocks * l.sup_block * 2 &&
+                             w.numel() >= h[10] + blocks * l.cc_block * 4),
+              "quantized weight is truncated");
+  l.cc = h[10] ? reinterpret_cast<const int32_t*>(base + h[10]) : nullptr;
   return l;
 }
 
@@ -350,6 +361,7 @@ Layout layout_of(const at::Tensor& w) {
 // per span of `per` groups, and sum(q) per group.
 struct QuantX {
   std::vector<int8_t> q;
+  std::vector<uint8_t> qu;  // q + 128 as unsigned, where a fold tile of several rows needs it
   std::vector<float> d;
   std::vector<int16_t> bsum;
   int64_t k, groups, per, spans;
@@ -357,12 +369,13 @@ struct QuantX {
 
 template <typename T>
 void quantize_rows(const T* x, int64_t rows, int64_t k, int64_t group, int64_t per,
-                   QuantX& out) {
+                   bool with_unsigned, QuantX& out) {
   out.k = k;
   out.groups = k / group;
   out.per = per;
   out.spans = (out.groups + per - 1) / per;
   out.q.resize(rows * k);
+  out.qu.resize(with_unsigned ? rows * k : 0);
   out.d.resize(rows * out.spans);
   out.bsum.resize(rows * out.groups);
   auto row = [&](int64_t r) {
@@ -381,6 +394,14 @@ void quantize_rows(const T* x, int64_t rows, int64_t k, int64_t group, int64_t p
           total += V::to_int8(V::mul(V::loadx(xr + i), inv), &out.q[r * k + i]);
         out.bsum[r * out.groups + g] = static_cast<int16_t>(total);
       }
+    }
+    if (with_unsigned) {  // q + 128
+      const auto* q = reinterpret_cast<const uint8_t*>(&out.q[r * k]);
+      uint8_t* qu = &out.qu[r * k];
+      for (int64_t i = 0; i < k; i += 32)
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(qu + i),
+                            _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + i)),
+                                             _mm256_set1_epi8(static_cast<char>(0x80))));
     }
   };
   if (rows == 1) {
@@ -408,12 +429,14 @@ struct Unit {
   const uint8_t* q;
   const int8_t* sc;
   const at::Half* sup;
+  const int32_t* cc;  // the block's fold constants (Layout::cc), or null
   bool stream;  // a pass of up to kRows rows that reads one stream per thread (see linear())
 };
 
 // The unit's kW columns' weight vector of k step `step` (four k's) from its q. A block's
-// rows of 16 columns are 64 bytes; a unit of 8 reads its half.
-template <int Bits, typename T = V>
+// rows of 16 columns are 64 bytes; a unit of 8 reads its half. Signed: u - 32 (6 bits, for
+// the fold tiles), as int8.
+template <int Bits, typename T = V, bool Signed = false>
 inline typename T::I weights(const uint8_t* q, int64_t step) {
   using I = typename T::I;
   const I nib = T::set1_8(0x0F);
@@ -431,23 +454,25 @@ inline typename T::I weights(const uint8_t* q, int64_t step) {
     const I tops = T::load(quad + 128);
     const int shift = 2 * static_cast<int>(step & 3);
     const I high = shift <= 4 ? T::slli16(tops, 4 - shift) : T::srli16(tops, shift - 4);
-    return T::or_(low, T::and_(high, T::set1_8(0x30)));
+    const I w = T::or_(low, T::and_(high, T::set1_8(0x30)));
+    return Signed ? T::sub8(w, T::set1_8(32)) : w;
   }
 }
 
 // The C units' weight vectors of steps st and st + 1 (of one group, from qg).
-template <int Bits, int C>
+template <int Bits, int C, bool Signed = false>
 inline void step_pair(const uint8_t* const* qg, int st, VI (&lo)[C], VI (&hi)[C]) {
   for (int c = 0; c < C; ++c) {
-    lo[c] = weights<Bits>(qg[c], st);
-    hi[c] = weights<Bits>(qg[c], st + 1);
+    lo[c] = weights<Bits, V, Signed>(qg[c], st);
+    hi[c] = weights<Bits, V, Signed>(qg[c], st + 1);
   }
 }
 
 // The dot products of one group: dot[r][c] = sum over its k's of u * q_a (exact, int32). With
 // sp (AVX2 without VNNI: each lane's scale s as an int16 pair (s, s)), s times that: the int16
 // pair sums widen by VPMADDWD against sp instead of against ones, so the scale costs nothing.
-template <int Bits, int G, int R, int C>
+// Fold (6 bits): the sums of (q_a + 128) (u - 32) instead, x's rows (xq) unsigned.
+template <int Bits, int G, int R, int C, bool Fold = false>
 inline void group_dots(const Unit* u, int64_t g, const int32_t* const* xq, VI (&dot)[R][C],
                        const VI* sp = nullptr) {
   constexpr int kSteps = G / 4;
@@ -576,20 +601,22 @@ inline void group_dots(const Unit* u, int64_t g, const int32_t* const* xq, VI (&
     return;
   }
   if constexpr (V::kPairs16 && Bits == 6) {
-    // A 6-bit weight's pair sums are at most 2 * 63 * 127: two steps' add in int16, exact,
-    // and widen once, one VPMADDWD a pair of steps instead of one a step.
-    static_assert(2 * 2 * 63 * 127 <= 32767, "two steps' pair sums must fit in int16");
+    // A 6-bit weight's pair sums are at most 2 * 63 * 127 (fold: 2 * 32 * 255): two steps' add
+    // in int16, exact, and widen once, one VPMADDWD a pair of steps instead of one a step.
+    static_assert(2 * 2 * 63 * 127 <= 32767 && 2 * 2 * 32 * 255 <= 32767,
+                  "two steps' pair sums must fit in int16");
     for (int r = 0; r < R; ++r)
       for (int c = 0; c < C; ++c) dot[r][c] = V::zero();
 #pragma GCC unroll 8
     for (int st = 0; st < kSteps; st += 2) {
       VI lo[C], hi[C];
-      step_pair<Bits, C>(qg, st, lo, hi);
+      step_pair<Bits, C, Fold>(qg, st, lo, hi);
       for (int r = 0; r < R; ++r) {
         const VI x0 = V::set1(xq[r][g * kSteps + st]);
         const VI x1 = V::set1(xq[r][g * kSteps + st + 1]);
         for (int c = 0; c < C; ++c) {
-          const VI p = V::add16(V::pairs16(lo[c], x0), V::pairs16(hi[c], x1));
+          const VI p = Fold ? V::add16(V::pairs16(x0, lo[c]), V::pairs16(x1, hi[c]))
+                            : V::add16(V::pairs16(lo[c], x0), V::pairs16(hi[c], x1));
           dot[r][c] = V::add(dot[r][c], sp ? V::madd16(p, sp[c]) : V::widen16(p));
         }
       }
@@ -597,7 +624,7 @@ inline void group_dots(const Unit* u, int64_t g, const int32_t* const* xq, VI (&
     return;
   }
 #if INFER_QUANT_BITS == 512
-  if constexpr (R == 1 && C == 1 && Bits != 8) {
+  if constexpr (R == 1 && C == 1 && Bits != 8 && !Fold) {
     if (u[0].stream) {
       // One row reading one stream: the block in its two 256-bit halves (columns 0-7 and
       // 8-15), as the 8-lane builds read it. The same integer sums. On Zen 5, in minutes
@@ -623,10 +650,12 @@ inline void group_dots(const Unit* u, int64_t g, const int32_t* const* xq, VI (&
 #pragma GCC unroll 16
   for (int st = 0; st < kSteps; ++st) {
     VI wv[C];
-    for (int c = 0; c < C; ++c) wv[c] = weights<Bits>(qg[c], st);
+    for (int c = 0; c < C; ++c) wv[c] = weights<Bits, V, Fold>(qg[c], st);
     for (int r = 0; r < R; ++r) {
       const VI xb = V::set1(xq[r][g * kSteps + st]);
-      for (int c = 0; c < C; ++c) dot[r][c] = V::template dot<Bits>(dot[r][c], wv[c], xb);
+      for (int c = 0; c < C; ++c)
+        dot[r][c] = Fold ? V::template dot<Bits>(dot[r][c], xb, wv[c])
+                         : V::template dot<Bits>(dot[r][c], wv[c], xb);
     }
   }
 }
@@ -660,11 +689,14 @@ inline void put_row(const Out& o, int64_t row, const VF* acc) {
 // p0 to p1, written out for the same reason as group_dots()'s 8 rows of Q4_K: the 8 rows' int32
 // sums, two unpacked weight vectors, sp, the two masks and two temporaries take 15 of the 16
 // registers. Two steps' VPMADDUBSW pair sums add in int16 (at most 2 * 2 * 63 * 127), then
-// VPMADDWD against sp (each lane's (s, s)) gives s times them in int32.
+// VPMADDWD against sp (each lane's (s, s)) gives s times them in int32. Fold: x's rows
+// unsigned (q_a + 128) and the weights u - 32 (at most 2 * 2 * 255 * 32), the constant 32 in
+// the 16th register.
+template <bool Fold>
 inline void span_q6(const Unit& u, int64_t p0, int64_t p1, int64_t sc_group,
                     const int32_t* const* xq, VI (&sum)[8]) {
   constexpr int64_t kGroupBytes = 16 * kLanes * 6 / 8;  // one block's weights per group
-  const VI m0f = V::set1_8(0x0F), m30 = V::set1_8(0x30);
+  const VI m0f = V::set1_8(0x0F), m30 = V::set1_8(0x30), m32 = V::set1_8(32);
   const int64_t k = reinterpret_cast<const char*>(xq[1]) - reinterpret_cast<const char*>(xq[0]);
   VI s0 = V::zero(), s1 = s0, s2 = s0, s3 = s0, s4 = s0, s5 = s0, s6 = s0, s7 = s0;
   for (int64_t g = p0; g < p1; ++g) {
@@ -677,45 +709,63 @@ inline void span_q6(const Unit& u, int64_t p0, int64_t p1, int64_t sc_group,
     const int32_t* xa = xq[0] + g * 4;
     const int32_t* xb = xq[4] + g * 4;
     VI wa, wb, t1, t2;
-#define ROW(S, OFF, AT) \
-    "vpbroadcastd " #OFF AT ", %[t1]\n\t" \
-    "vpmaddubsw %[t1], %[wa], %[t1]\n\t" \
-    "vpbroadcastd " #OFF "+4" AT ", %[t2]\n\t" \
-    "vpmaddubsw %[t2], %[wb], %[t2]\n\t" \
+    // AT&T order: VPMADDUBSW's unsigned operand is the middle one. MU: the weights unsigned
+    // (u), MF: x unsigned and the weights u - 32 (W32 subtracts the 32).
+#define MU(X, W) "vpmaddubsw %[" #X "], %[" #W "], %[" #X "]\n\t"
+#define MF(X, W) "vpmaddubsw %[" #W "], %[" #X "], %[" #X "]\n\t"
+#define W32(W) "vpsubb %[m32], %[" #W "], %[" #W "]\n\t"
+#define NONE(W)
+#define ROW(M, S, OFF, AT) \
+    "vpbroadcastd " #OFF AT ", %[t1]\n\t" M(t1, wa) \
+    "vpbroadcastd " #OFF "+4" AT ", %[t2]\n\t" M(t2, wb) \
     "vpaddw %[t2], %[t1], %[t1]\n\t" \
     "vpmaddwd %[sp], %[t1], %[t1]\n\t" \
     "vpaddd %[t1], %[" #S "], %[" #S "]\n\t"
-#define ROWS(OFF) \
-    ROW(s0, OFF, "(%[xa])") ROW(s1, OFF, "(%[xa],%[k],1)") ROW(s2, OFF, "(%[xa],%[k],2)") \
-    ROW(s3, OFF, "(%[xa],%[k3],1)") ROW(s4, OFF, "(%[xb])") ROW(s5, OFF, "(%[xb],%[k],1)") \
-    ROW(s6, OFF, "(%[xb],%[k],2)") ROW(s7, OFF, "(%[xb],%[k3],1)")
+#define ROWS(M, OFF) \
+    ROW(M, s0, OFF, "(%[xa])") ROW(M, s1, OFF, "(%[xa],%[k],1)") \
+    ROW(M, s2, OFF, "(%[xa],%[k],2)") ROW(M, s3, OFF, "(%[xa],%[k3],1)") \
+    ROW(M, s4, OFF, "(%[xb])") ROW(M, s5, OFF, "(%[xb],%[k],1)") \
+    ROW(M, s6, OFF, "(%[xb],%[k],2)") ROW(M, s7, OFF, "(%[xb],%[k3],1)")
     // steps 0 and 1: low nibbles of bytes 0-63, top bits 0-1 and 2-3 of bytes 128-191
     // (shifted to bits 4-5); steps 2 and 3: bytes 64-127, top bits 4-5 and 6-7
-    asm("vpand (%[q]), %[m0f], %[wa]\n\t"
-        "vpsllw $4, 128(%[q]), %[t1]\n\t"
-        "vpand %[m30], %[t1], %[t1]\n\t"
-        "vpor %[t1], %[wa], %[wa]\n\t"
-        "vpsrlw $4, (%[q]), %[wb]\n\t"
-        "vpand %[m0f], %[wb], %[wb]\n\t"
-        "vpsllw $2, 128(%[q]), %[t1]\n\t"
-        "vpand %[m30], %[t1], %[t1]\n\t"
-        "vpor %[t1], %[wb], %[wb]\n\t"
-        ROWS(0)
-        "vpand 64(%[q]), %[m0f], %[wa]\n\t"
-        "vpand 128(%[q]), %[m30], %[t1]\n\t"
-        "vpor %[t1], %[wa], %[wa]\n\t"
-        "vpsrlw $4, 64(%[q]), %[wb]\n\t"
-        "vpand %[m0f], %[wb], %[wb]\n\t"
-        "vpsrlw $2, 128(%[q]), %[t1]\n\t"
-        "vpand %[m30], %[t1], %[t1]\n\t"
-        "vpor %[t1], %[wb], %[wb]\n\t"
-        ROWS(8)
-        : [s0] "+x"(s0), [s1] "+x"(s1), [s2] "+x"(s2), [s3] "+x"(s3), [s4] "+x"(s4),
-          [s5] "+x"(s5), [s6] "+x"(s6), [s7] "+x"(s7), [wa] "=&x"(wa), [wb] "=&x"(wb),
-          [t1] "=&x"(t1), [t2] "=&x"(t2)
-        : [q] "r"(q), [xa] "r"(xa), [xb] "r"(xb), [k] "r"(k), [k3] "r"(3 * k), [sp] "x"(sp),
-          [m0f] "x"(m0f), [m30] "x"(m30)
-        : "memory");
+#define BODY(M, SUB) \
+        "vpand (%[q]), %[m0f], %[wa]\n\t" \
+        "vpsllw $4, 128(%[q]), %[t1]\n\t" \
+        "vpand %[m30], %[t1], %[t1]\n\t" \
+        "vpor %[t1], %[wa], %[wa]\n\t" SUB(wa) \
+        "vpsrlw $4, (%[q]), %[wb]\n\t" \
+        "vpand %[m0f], %[wb], %[wb]\n\t" \
+        "vpsllw $2, 128(%[q]), %[t1]\n\t" \
+        "vpand %[m30], %[t1], %[t1]\n\t" \
+        "vpor %[t1], %[wb], %[wb]\n\t" SUB(wb) \
+        ROWS(M, 0) \
+        "vpand 64(%[q]), %[m0f], %[wa]\n\t" \
+        "vpand 128(%[q]), %[m30], %[t1]\n\t" \
+        "vpor %[t1], %[wa], %[wa]\n\t" SUB(wa) \
+        "vpsrlw $4, 64(%[q]), %[wb]\n\t" \
+        "vpand %[m0f], %[wb], %[wb]\n\t" \
+        "vpsrlw $2, 128(%[q]), %[t1]\n\t" \
+        "vpand %[m30], %[t1], %[t1]\n\t" \
+        "vpor %[t1], %[wb], %[wb]\n\t" SUB(wb) \
+        ROWS(M, 8)
+#define OPERANDS \
+        : [s0] "+x"(s0), [s1] "+x"(s1), [s2] "+x"(s2), [s3] "+x"(s3), [s4] "+x"(s4), \
+          [s5] "+x"(s5), [s6] "+x"(s6), [s7] "+x"(s7), [wa] "=&x"(wa), [wb] "=&x"(wb), \
+          [t1] "=&x"(t1), [t2] "=&x"(t2) \
+        : [q] "r"(q), [xa] "r"(xa), [xb] "r"(xb), [k] "r"(k), [k3] "r"(3 * k), [sp] "x"(sp), \
+          [m0f] "x"(m0f), [m30] "x"(m30), [m32] "x"(m32) \
+        : "memory"
+    if constexpr (Fold) {
+      asm(BODY(MF, W32) OPERANDS);
+    } else {
+      asm(BODY(MU, NONE) OPERANDS);
+    }
+#undef OPERANDS
+#undef BODY
+#undef MU
+#undef MF
+#undef W32
+#undef NONE
 #undef ROWS
 #undef ROW
   }
@@ -731,14 +781,20 @@ inline void span_q6(const Unit& u, int64_t p0, int64_t p1, int64_t sc_group,
 // per span of groups within a superblock): per group only S += s*dot in float (a conversion
 // and a fused multiply-add, where VPMULLD would take two uops of the dot products' port), and
 // once per span acc += d_a*(D*S - M*sum_g o*sum(q_a)), that sum by 16-bit dot products over
-// pairs of groups.
+// pairs of groups. kSpanFold (w = D s (u - 32), a span a superblock): S sums s times the dots
+// of (q_a + 128) and (u - 32), which is sum_g s sum(u q_a) - 32 sum_g s sum(q_a) + C with the
+// weight's constant C = 128 sum_g s sum(u - 32): acc += d_a*D*(S - C), the same integer as
+// kSpan's without its offsets' dot products.
 template <int Bits, int G, int R, int C, int Mode>
 void tile(const Layout& l, const Unit* u, const QuantX& x, int64_t r0, const Out& o) {
+  constexpr bool kFold = Mode == kSpanFold;
   VF acc[R][C];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) acc[r][c] = V::zerof();
   const int32_t* xq[R];
-  for (int r = 0; r < R; ++r) xq[r] = reinterpret_cast<const int32_t*>(&x.q[(r0 + r) * x.k]);
+  for (int r = 0; r < R; ++r)
+    xq[r] = kFold ? reinterpret_cast<const int32_t*>(&x.qu[(r0 + r) * x.k])
+                  : reinterpret_cast<const int32_t*>(&x.q[(r0 + r) * x.k]);
   for (int64_t s0 = 0, sb = 0; s0 < l.groups; s0 += l.supers_every, ++sb) {
     VF dv[C], mv[C];
     for (int c = 0; c < C; ++c) {
@@ -747,7 +803,7 @@ void tile(const Layout& l, const Unit* u, const QuantX& x, int64_t r0, const Out
       mv[c] = V::half(d + kLanes);
     }
     const int64_t g1 = std::min(l.groups, s0 + l.supers_every);
-    if constexpr (Mode == kSpan) {
+    if constexpr (Mode == kSpan || kFold) {
       for (int64_t p0 = s0; p0 < g1; p0 += x.per) {  // the spans of this superblock
         const int64_t p1 = std::min(g1, p0 + x.per);
         VF sum[R][C];
@@ -762,7 +818,7 @@ void tile(const Layout& l, const Unit* u, const QuantX& x, int64_t r0, const Out
 #if INFER_QUANT_BITS == 256
           if constexpr (Bits == 6 && G == 16 && R == 8 && C == 1) {
             VI s8[8];
-            span_q6(u[0], p0, p1, l.sc_group, xq, s8);
+            span_q6<kFold>(u[0], p0, p1, l.sc_group, xq, s8);
             for (int r = 0; r < R; ++r) isum[r][0] = s8[r];
           } else
 #endif
@@ -773,7 +829,7 @@ void tile(const Layout& l, const Unit* u, const QuantX& x, int64_t r0, const Out
               sp[c] = V::pairs(sg, sg);
             }
             VI dot[R][C];
-            group_dots<Bits, G, R, C>(u, g, xq, dot, sp);
+            group_dots<Bits, G, R, C, kFold>(u, g, xq, dot, sp);
             for (int r = 0; r < R; ++r)
               for (int c = 0; c < C; ++c) isum[r][c] = V::add(isum[r][c], dot[r][c]);
           }
@@ -782,13 +838,23 @@ void tile(const Layout& l, const Unit* u, const QuantX& x, int64_t r0, const Out
         } else {
           for (int64_t g = p0; g < p1; ++g) {
             VI dot[R][C];
-            group_dots<Bits, G, R, C>(u, g, xq, dot);
+            group_dots<Bits, G, R, C, kFold>(u, g, xq, dot);
             for (int c = 0; c < C; ++c) {
               const VF sv = V::tof(V::int8(u[c].sc + g * l.sc_group));
               for (int r = 0; r < R; ++r)
                 sum[r][c] = V::fmadd(V::tof(dot[r][c]), sv, sum[r][c]);
             }
           }
+        }
+        if constexpr (kFold) {
+          for (int c = 0; c < C; ++c) {
+            const VF cv = V::tof(V::load(reinterpret_cast<const uint8_t*>(u[c].cc + sb * kLanes)));
+            for (int r = 0; r < R; ++r) {
+              const VF da = V::set1f(x.d[(r0 + r) * x.spans + p0 / x.per]);
+              acc[r][c] = V::fmadd(V::mul(dv[c], V::subf(sum[r][c], cv)), da, acc[r][c]);
+            }
+          }
+          continue;
         }
         // sum_g o * sum(q_a), two groups per 16-bit dot: each lane's (o_g, o_g+1) as a pair
         VI mins[R][C];
@@ -864,6 +930,8 @@ void rows_tile(int64_t rows, const Layout& l, const Unit* u, const QuantX& x, in
 template <int Bits, int G, int C>
 void mode_tile(int64_t rows, const Layout& l, const Unit* u, const QuantX& x, int64_t r0,
                const Out& o) {
+  if constexpr (Bits == 6 && G == 16)  // where linear() made x + 128 (see there)
+    if (!x.qu.empty()) return rows_tile<Bits, G, C, kSpanFold>(rows, l, u, x, r0, o);
   if (x.per > 1) return rows_tile<Bits, G, C, kSpan>(rows, l, u, x, r0, o);
   if (l.sc_group == 0) return rows_tile<Bits, G, C, kUnit>(rows, l, u, x, r0, o);
   return rows_tile<Bits, G, C, kPerGroup>(rows, l, u, x, r0, o);
@@ -1164,10 +1232,17 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight,
   thread_local std::vector<int8_t> kept_xl;
   QuantX& qx = kept_qx;
   std::vector<int8_t>& xl = kept_xl;
+  // A call of several rows over weights D s (u - 32) also takes x + 128, unsigned
+  // (kSpanFold): no offsets' dot products per row and span. One row keeps them: its call is
+  // bound by reading the weights, where C would be 2% more bytes and u - 32 one more
+  // instruction a weight vector. Both compute the same integers, so their outputs agree while
+  // the span sums stay under 2^24, as the targets' do.
+  const bool fold_tiles = l.fold && l.cc && rows > 1 && per == l.supers_every && l.bits == 6 &&
+                          l.group == 16;
   if (x2.scalar_type() == at::kFloat) {
-    quantize_rows(x2.data_ptr<float>(), rows, l.k, l.group, per, qx);
+    quantize_rows(x2.data_ptr<float>(), rows, l.k, l.group, per, fold_tiles, qx);
   } else {
-    quantize_rows(x2.data_ptr<c10::BFloat16>(), rows, l.k, l.group, per, qx);
+    quantize_rows(x2.data_ptr<c10::BFloat16>(), rows, l.k, l.group, per, fold_tiles, qx);
   }
   const int64_t width = act == kNone ? l.n : l.n / 2;
   auto sizes = x.sizes().vec();
@@ -1208,7 +1283,8 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight,
   // The unit of block `blk` that starts `half` vectors in.
   auto unit = [&](int64_t blk, int64_t half) {
     return Unit{l.q + blk * l.q_block + half * kW * 4, l.sc + blk * l.sc_block + half * kW,
-                l.sup + blk * l.sup_block + half * kW, one_stream};
+                l.sup + blk * l.sup_block + half * kW,
+                l.cc ? l.cc + blk * l.cc_block + half * kW : nullptr, one_stream};
   };
   // units a pass, not gated: one where a tile of one unit is wide or one row reads a stream
   // (on 8 lanes a pass of two reads one block)
@@ -1296,6 +1372,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight,
   parallel_owned(items * row_blocks, work);
   // a prefill chunk's buffers go back: only a decode step's sizes stay
   keep_small(qx.q);
+  keep_small(qx.qu);
   keep_small(xl);
   return out;
 }

@@ -123,8 +123,8 @@ def rows(t: QuantTensor, index: torch.Tensor) -> QuantTensor:
 
 def pack(t: QuantTensor) -> torch.Tensor:
     """The uint8 tensor ``quant_linear.cpp`` reads: header, then u, the scales that do not
-    repeat (s and o, s alone, or none: :func:`stored_scales`) and (D, M) per 16 output
-    columns."""
+    repeat (s and o, s alone, or none: :func:`stored_scales`), (D, M) per 16 output columns
+    and, where every weight is D s (u - 32), each column's constant C per superblock."""
     n, k = t.shape
     if n % LANES or k % 32:
         raise ValueError(f"a quantized linear needs N % 16 == 0 and K % 32 == 0, got {n}x{k}")
@@ -139,11 +139,16 @@ def pack(t: QuantTensor) -> torch.Tensor:
     sup_block = supers * 2 * 2 * LANES
     off_sc = _align(_HEADER + blocks * q_block)
     off_sup = _align(off_sc + blocks * sc_block)
-    out = pages.empty(off_sup + blocks * sup_block)  # zeroed, on 2 MB pages where there are any
     # 1 where every weight is D s (u - 32), as Q6_K's are (o = s, M = 32 D): the kernels then
     # take 32 s off each s u instead of summing the offsets apart
     folded = int(stored == 1 and torch.equal(t.m.float(), t.d.float() * 32))
+    # and there C = 128 * sum over the superblock's k's of s (u - 32), per column: tiles of
+    # several rows take x + 128 as unsigned and u - 32 as signed, and C off each sum
+    cc_block = supers * LANES * 4 if folded else 0
+    off_cc = _align(off_sup + blocks * sup_block) if folded else 0
+    out = pages.empty(max(off_sup + blocks * sup_block, off_cc + blocks * cc_block))  # zeroed
     fields = [MAGIC, t.bits, t.group, t.supers_every, n, k, off_sc, off_sup, stored, folded]
+    fields.append(off_cc)
     header = torch.tensor(fields + [0] * (_HEADER // 8 - len(fields)), dtype=torch.int64)
     out[:_HEADER] = header.view(torch.uint8)
     # a few MB at a time (see from_gguf); every part is laid out block after block
@@ -160,7 +165,23 @@ def pack(t: QuantTensor) -> torch.Tensor:
         sup = torch.stack([t.d[rows], t.m[rows]], dim=1)  # [rows, 2, supers]
         sup = sup.view(b1 - b0, LANES, 2, supers).permute(0, 3, 2, 1).contiguous()
         out[off_sup + b0 * sup_block : off_sup + b1 * sup_block] = sup.view(torch.uint8).view(-1)
+        if folded:
+            cc = _fold_constants(t, rows).view(b1 - b0, LANES, supers).transpose(1, 2)
+            cc = cc.contiguous().view(torch.uint8).view(-1)  # [blocks, supers, 16] int32
+            out[off_cc + b0 * cc_block : off_cc + b1 * cc_block] = cc
     return out
+
+
+def _fold_constants(t: QuantTensor, rows: slice) -> torch.Tensor:
+    """128 * sum_k s (u - 32) per row of ``rows`` and superblock (int32; at most 128 * 256 *
+    128 * 32 = 2^27 in magnitude)."""
+    u = t.u[rows].to(torch.int32) - 32
+    n, k = u.shape
+    per_group = u.view(n, k // t.group, t.group).sum(-1) * t.scale[rows].to(torch.int32)
+    supers = t.d.shape[1]
+    padded = torch.zeros(n, supers * t.supers_every, dtype=torch.int32)
+    padded[:, : per_group.shape[1]] = per_group
+    return (padded.view(n, supers, t.supers_every).sum(-1) * 128).to(torch.int32)
 
 
 def _pack_values(u: torch.Tensor, bits: int) -> torch.Tensor:

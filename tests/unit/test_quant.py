@@ -229,14 +229,16 @@ def test_amx_tiles_give_the_vector_tiles_bits(qtype: QT) -> None:
 )
 def test_scales_that_repeat_are_not_stored(qtype: QT, stored: int) -> None:
     """Q6_K's offset is its scale, and the legacy types' scale and offset are 1: the packed
-    weight leaves out what repeats, so a token reads fewer bytes."""
+    weight leaves out what repeats, so a token reads fewer bytes. (Q6_K adds a constant per
+    column and superblock that only calls of several rows read.)"""
     n, k = 32, 512
     kept = quant.from_gguf(qtype, _blocks(qtype, n, k, np.random.default_rng(5)), (n, k))
     assert kept is not None
     assert quant.stored_scales(kept) == stored
     sup = n * k // (kept.group * kept.supers_every) * 4
     both = 128 + n * k * kept.bits // 8 + n * k // kept.group * 2 + sup
-    assert quant.pack(kept).numel() <= both - n * k // kept.group * stored + 128
+    fold = sup + 64 if qtype == QT.Q6_K else 0  # int32 as D and M take 2 x fp16, aligned
+    assert quant.pack(kept).numel() <= both - n * k // kept.group * stored + 128 + fold
 
 
 @each_target
