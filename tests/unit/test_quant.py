@@ -157,10 +157,12 @@ def test_quant_linear_computes_the_quantized_product(target: str, index: int) ->
     assert (out - dense).abs().max() < 0.02 * dense.abs().max()
 
 
-def _gated(rng: np.random.Generator) -> tuple[QuantTensor, QuantTensor, torch.Tensor]:
-    """A Q4_K gate and up of 64 x 512, and the packed gated weight of both (16 gate columns,
-    then their 16 up columns, and so on), packed by the models' own gated linear."""
-    gate, up = (quant.from_gguf(QT.Q4_K, _blocks(QT.Q4_K, 64, 512, rng), (64, 512)) for _ in "gu")
+def _gated(
+    rng: np.random.Generator, qtype: QT = QT.Q4_K
+) -> tuple[QuantTensor, QuantTensor, torch.Tensor]:
+    """A gate and up of 64 x 512, and the packed gated weight of both (16 gate columns, then
+    their 16 up columns, and so on), packed by the models' own gated linear."""
+    gate, up = (quant.from_gguf(qtype, _blocks(qtype, 64, 512, rng), (64, 512)) for _ in "gu")
     assert gate is not None and up is not None
     both = quant.concat([gate, up])
     assert both is not None
@@ -245,7 +247,8 @@ def test_scales_that_repeat_are_not_stored(qtype: QT, stored: int) -> None:
 def test_a_rows_output_does_not_depend_on_the_other_rows(target: str) -> None:
     """A row gets the same bits alone, among a few (up to 4 rows read the weights in another
     order: twins far apart on Intel, one stream on AMD, one row there in 256-bit halves) and
-    among 70, plain and gated."""
+    among 70, plain and gated. (Q6_K's calls of several rows sum other integers to the same
+    totals, see quant_linear.cpp's kSpanFold: the same bits while they stay under 2^24.)"""
     ops = kernels.ops_for(target)
     for i, w in enumerate(_weights()):
         packed = quant.pack(w)
@@ -255,9 +258,13 @@ def test_a_rows_output_does_not_depend_on_the_other_rows(target: str) -> None:
         for r, n in ((0, 1), (5, 3), (66, 4), (69, 1)):
             alone = ops.quant_linear(x[r : r + n], packed, bias, True)
             assert torch.equal(alone, together[r : r + n])
-    gated = _gated(np.random.default_rng(7))[2]
     x = torch.randn(37, 512).bfloat16()
-    for bias, gelu in ((None, False), (torch.randn(128), True)):
+    for qtype, bias, gelu in (
+        (QT.Q4_K, None, False),
+        (QT.Q4_K, torch.randn(128), True),
+        (QT.Q6_K, torch.randn(128), False),
+    ):
+        gated = _gated(np.random.default_rng(7), qtype)[2]
         together = ops.quant_gated_linear(x, gated, bias, gelu)
         for r, n in ((0, 1), (3, 2), (33, 4), (36, 1)):
             alone = ops.quant_gated_linear(x[r : r + n], gated, bias, gelu)
@@ -265,9 +272,11 @@ def test_a_rows_output_does_not_depend_on_the_other_rows(target: str) -> None:
 
 
 @each_target
-def test_gated_quant_linear_is_act_gate_times_up(target: str) -> None:
-    gate, up, packed = _gated(np.random.default_rng(2))
-    x = torch.randn(5, 512).bfloat16()
+@pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q6_K])
+def test_gated_quant_linear_is_act_gate_times_up(target: str, qtype: QT) -> None:
+    """Over 9 rows: a tile of 8 (Q6_K's, gate then up) or of 4, and one of a row."""
+    gate, up, packed = _gated(np.random.default_rng(2), qtype)
+    x = torch.randn(9, 512).bfloat16()
     for gelu, act in ((False, torch.nn.functional.silu), (True, None)):
         out = kernels.ops_for(target).quant_gated_linear(x, packed, None, gelu).float()
         g, u = _reference(x, gate), _reference(x, up)
