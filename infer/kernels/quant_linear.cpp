@@ -846,41 +846,42 @@ void tile(const Layout& l, const Unit* u, const QuantX& x, int64_t r0, const Out
             }
           }
         }
-        if constexpr (kFold) {
-          for (int c = 0; c < C; ++c) {
-            const VF cv = V::tof(V::load(reinterpret_cast<const uint8_t*>(u[c].cc + sb * kLanes)));
+        if constexpr (kFold) {  // D (S - C)
+          VF cv[C];
+          for (int c = 0; c < C; ++c)
+            cv[c] = V::tof(V::load(reinterpret_cast<const uint8_t*>(u[c].cc + sb * kLanes)));
+          for (int r = 0; r < R; ++r) {
+            const VF da = V::set1f(x.d[(r0 + r) * x.spans + p0 / x.per]);
+            for (int c = 0; c < C; ++c)
+              acc[r][c] = V::fmadd(V::mul(dv[c], V::subf(sum[r][c], cv[c])), da, acc[r][c]);
+          }
+        } else {
+          // sum_g o * sum(q_a), two groups per 16-bit dot: each lane's (o_g, o_g+1) as a pair
+          VI mins[R][C];
+          for (int r = 0; r < R; ++r)
+            for (int c = 0; c < C; ++c) mins[r][c] = V::zero();
+          for (int64_t g = p0; g < p1; g += 2) {
+            VI pair[C];
+            for (int c = 0; c < C; ++c) {
+              const int8_t* og = u[c].sc + g * l.sc_group + l.o_at;
+              pair[c] = V::pairs(og, og + l.sc_group);
+            }
             for (int r = 0; r < R; ++r) {
-              const VF da = V::set1f(x.d[(r0 + r) * x.spans + p0 / x.per]);
-              acc[r][c] = V::fmadd(V::mul(dv[c], V::subf(sum[r][c], cv)), da, acc[r][c]);
+              int32_t both;
+              std::memcpy(&both, &x.bsum[(r0 + r) * x.groups + g], sizeof both);
+              const VI bs = V::set1(both);
+              for (int c = 0; c < C; ++c) mins[r][c] = V::dot16(mins[r][c], pair[c], bs);
             }
           }
-          continue;
-        }
-        // sum_g o * sum(q_a), two groups per 16-bit dot: each lane's (o_g, o_g+1) as a pair
-        VI mins[R][C];
-        for (int r = 0; r < R; ++r)
-          for (int c = 0; c < C; ++c) mins[r][c] = V::zero();
-        for (int64_t g = p0; g < p1; g += 2) {
-          VI pair[C];
-          for (int c = 0; c < C; ++c) {
-            const int8_t* og = u[c].sc + g * l.sc_group + l.o_at;
-            pair[c] = V::pairs(og, og + l.sc_group);
-          }
           for (int r = 0; r < R; ++r) {
-            int32_t both;
-            std::memcpy(&both, &x.bsum[(r0 + r) * x.groups + g], sizeof both);
-            const VI bs = V::set1(both);
-            for (int c = 0; c < C; ++c) mins[r][c] = V::dot16(mins[r][c], pair[c], bs);
-          }
-        }
-        for (int r = 0; r < R; ++r) {
-          const VF da = V::set1f(x.d[(r0 + r) * x.spans + p0 / x.per]);
-          for (int c = 0; c < C; ++c) {
-            // D (S - 32 sum_g s sum(q_a)) where M = 32 D: the AMX tiles' number (amx_scale)
-            const VF t =
-                l.fold ? V::mul(dv[c], V::subf(sum[r][c], V::tof(V::slli32(mins[r][c], 5))))
-                       : V::fnmadd(mv[c], V::tof(mins[r][c]), V::mul(dv[c], sum[r][c]));
-            acc[r][c] = V::fmadd(t, da, acc[r][c]);
+            const VF da = V::set1f(x.d[(r0 + r) * x.spans + p0 / x.per]);
+            for (int c = 0; c < C; ++c) {
+              // D (S - 32 sum_g s sum(q_a)) where M = 32 D: the AMX tiles' number (amx_scale)
+              const VF t =
+                  l.fold ? V::mul(dv[c], V::subf(sum[r][c], V::tof(V::slli32(mins[r][c], 5))))
+                         : V::fnmadd(mv[c], V::tof(mins[r][c]), V::mul(dv[c], sum[r][c]));
+              acc[r][c] = V::fmadd(t, da, acc[r][c]);
+            }
           }
         }
       }

@@ -147,8 +147,7 @@ def pack(t: QuantTensor) -> torch.Tensor:
     cc_block = supers * LANES * 4 if folded else 0
     off_cc = _align(off_sup + blocks * sup_block) if folded else 0
     out = pages.empty(max(off_sup + blocks * sup_block, off_cc + blocks * cc_block))  # zeroed
-    fields = [MAGIC, t.bits, t.group, t.supers_every, n, k, off_sc, off_sup, stored, folded]
-    fields.append(off_cc)
+    fields = [MAGIC, t.bits, t.group, t.supers_every, n, k, off_sc, off_sup, stored, folded, off_cc]
     header = torch.tensor(fields + [0] * (_HEADER // 8 - len(fields)), dtype=torch.int64)
     out[:_HEADER] = header.view(torch.uint8)
     # a few MB at a time (see from_gguf); every part is laid out block after block
