@@ -6,6 +6,13 @@ four times the last-level cache (at least 1 GiB) with the servers' thread count,
 loads and with software prefetching, and reports its best pass in GB/s. The bytes a step
 reads are counted from the GGUF file the systems load, so infer and llama.cpp get the same
 count; W1's bytes per token ÷ its ITL p50 is then a share of the probe.
+
+A machine's memory can change speed for minutes at a time (a VM beside other tenants: this
+project's Zen 5 VM reads 50 GB/s in some minutes and 75 in others), so a probe taken at the
+start of a run says little about a W1 measured ten minutes later. The probe therefore also
+runs just before and just after each W1 run it is compared with; the share is taken over the
+mean of those two, and a run whose two readings differ by more than :data:`STEADY_SPREAD` is
+marked: the memory changed speed while it ran.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ PROBE_SOURCE = Path(__file__).resolve().parents[2] / "bench" / "membw.cpp"
 PROBE_PASSES = 5
 MIN_PROBE_BYTES = 1 << 30
 LLC_MULTIPLE = 4  # the buffer is this many times the last-level cache (at least 1 GiB)
+STEADY_SPREAD = 0.10  # a W1 run's probes, before and after, may differ by this share
 EMBEDDING = "token_embd.weight"
 HEAD = "output.weight"
 
@@ -84,38 +92,69 @@ def cpu_model() -> str | None:
     return None
 
 
-def probe(threads: int, nbytes: int, passes: int = PROBE_PASSES) -> dict[str, Any]:
-    """Compile and run the probe on ``threads`` threads over ``nbytes`` (whole MiB).
+class Probe:
+    """The probe, compiled once (on the first :meth:`run`) and run as often as asked, on
+    ``threads`` threads over ``nbytes`` (whole MiB), ``passes`` passes of each kind.
 
-    Returns:
-        ``gb_s`` (the best pass), ``plain_gb_s`` and ``prefetch_gb_s`` (the best of each
-        kind), ``bytes``, ``threads``, ``passes`` (of each kind).
+    A context manager: leaving it removes the binary."""
 
-    Raises:
-        ProbeError: No source (an install outside the checkout), no compiler, or it failed.
-    """
-    if not PROBE_SOURCE.is_file():
-        raise ProbeError(f"no {PROBE_SOURCE} (the probe runs from a source checkout)")
-    mib = max(1, nbytes >> 20)
-    with tempfile.TemporaryDirectory(prefix="infer-membw-") as tmp:
-        binary = Path(tmp) / "membw"
-        compile_ = ["g++", "-O3", "-march=native", "-fopenmp", str(PROBE_SOURCE), "-o", str(binary)]
+    def __init__(self, threads: int, nbytes: int, passes: int = PROBE_PASSES) -> None:
+        self.threads, self.mib, self.passes = threads, max(1, nbytes >> 20), passes
+        self._dir: tempfile.TemporaryDirectory[str] | None = None
+
+    def __enter__(self) -> Probe:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._dir is not None:
+            self._dir.cleanup()
+            self._dir = None
+
+    def run(self) -> dict[str, Any]:
+        """One reading.
+
+        Returns:
+            ``gb_s`` (the best pass), ``plain_gb_s`` and ``prefetch_gb_s`` (the best of each
+            kind), ``bytes``, ``threads``, ``passes`` (of each kind).
+
+        Raises:
+            ProbeError: No source (an install outside the checkout), no compiler, or it failed.
+        """
+        binary = self._binary()
         try:
-            subprocess.run(compile_, capture_output=True, text=True, timeout=120, check=True)
             out = subprocess.run(
-                [str(binary), str(mib), str(threads), str(passes)],
+                [str(binary), str(self.mib), str(self.threads), str(self.passes)],
                 capture_output=True,
                 text=True,
                 timeout=300,
                 check=True,
             )
         except subprocess.CalledProcessError as e:
-            raise ProbeError(f"{Path(e.cmd[0]).name} failed: {e.stderr.strip()[-300:]}") from e
+            raise ProbeError(f"membw failed: {e.stderr.strip()[-300:]}") from e
         except (OSError, subprocess.SubprocessError) as e:
             raise ProbeError(str(e)) from e
-    result = json.loads(out.stdout)
-    result.pop("check", None)
-    return dict(result)
+        result = json.loads(out.stdout)
+        result.pop("check", None)
+        return dict(result)
+
+    def _binary(self) -> Path:
+        if self._dir is not None:
+            return Path(self._dir.name) / "membw"
+        if not PROBE_SOURCE.is_file():
+            raise ProbeError(f"no {PROBE_SOURCE} (the probe runs from a source checkout)")
+        folder = tempfile.TemporaryDirectory(prefix="infer-membw-")
+        binary = Path(folder.name) / "membw"
+        compile_ = ["g++", "-O3", "-march=native", "-fopenmp", str(PROBE_SOURCE), "-o", str(binary)]
+        try:
+            subprocess.run(compile_, capture_output=True, text=True, timeout=120, check=True)
+        except subprocess.CalledProcessError as e:
+            folder.cleanup()
+            raise ProbeError(f"g++ failed: {e.stderr.strip()[-300:]}") from e
+        except (OSError, subprocess.SubprocessError) as e:
+            folder.cleanup()
+            raise ProbeError(str(e)) from e
+        self._dir = folder
+        return binary
 
 
 def share(bytes_per_token: int, itl_p50_ms: float | None, probe_gb_s: float) -> dict[str, float]:
@@ -127,9 +166,10 @@ def share(bytes_per_token: int, itl_p50_ms: float | None, probe_gb_s: float) -> 
     return {"gb_s": round(gb_s, 2), "of_probe": round(gb_s / probe_gb_s, 4)}
 
 
-def measure(gguf: Path | None, threads: int, nbytes: int) -> dict[str, Any]:
-    """The report's ``meta.bandwidth``: the CPU (lscpu), its last-level cache, the probe's
-    result (or ``probe_error``), and ``bytes_per_token`` of ``gguf`` (``None`` without one)."""
+def measure(gguf: Path | None, probe: Probe) -> dict[str, Any]:
+    """The report's ``meta.bandwidth``: the CPU (lscpu), its last-level cache, a first
+    reading of ``probe`` (or ``probe_error``), and ``bytes_per_token`` of ``gguf`` (``None``
+    without one)."""
     meta: dict[str, Any] = {
         "cpu": cpu_model(),
         "llc_bytes": llc_bytes(),
@@ -138,10 +178,26 @@ def measure(gguf: Path | None, threads: int, nbytes: int) -> dict[str, Any]:
         "probe": None,
     }
     try:
-        meta["probe"] = probe(threads, nbytes)
+        meta["probe"] = probe.run()
     except ProbeError as e:
         meta["probe_error"] = str(e)
     return meta
+
+
+def bracket(probe: Probe | None, measure_run: Callable[[], Any]) -> tuple[Any, list[float]]:
+    """``measure_run()`` between two readings of ``probe``: its result, and the two GB/s
+    (none when there is no probe or it cannot run here)."""
+    if probe is None:
+        return measure_run(), []
+    try:
+        before = probe.run()["gb_s"]
+    except ProbeError:
+        return measure_run(), []
+    result = measure_run()
+    try:
+        return result, [before, probe.run()["gb_s"]]
+    except ProbeError:
+        return result, []
 
 
 def add_shares(
@@ -151,16 +207,28 @@ def add_shares(
     speculated: Callable[[dict[str, Any]], bool],
 ) -> None:
     """Each W1 run of a system that ``reads_gguf``: its :func:`share` of the probe
-    (``bandwidth``), when both the probe and the byte count are there. A run that was
-    ``speculated`` gets none (``{"drafted": True}``): its tokens came several a step, so its
-    ITL is not a step's time (``infer-nospec`` gives infer's)."""
-    probed, per_token = meta.get("probe"), meta.get("bytes_per_token")
-    if not probed or not per_token:
+    (``bandwidth``), when a probe ran and the byte count is there. The probe is the mean of
+    the readings just before and after the run (``probes_gb_s``, with ``steady``: whether
+    they agree within :data:`STEADY_SPREAD`), or the run's first reading where those are
+    missing. A run that was ``speculated`` gets none (``{"drafted": True}``): its tokens
+    came several a step, so its ITL is not a step's time (``infer-nospec`` gives infer's)."""
+    first, per_token = meta.get("probe"), meta.get("bytes_per_token")
+    if not per_token:
         return
     for run in runs:
-        if run["workload"] == "W1" and reads_gguf(run["system"]):
-            if speculated(run):
-                run["bandwidth"] = {"drafted": True}
-                continue
-            itl = run["metrics"]["itl_ms"]["p50"]
-            run["bandwidth"] = share(per_token, itl, probed["gb_s"])
+        if run["workload"] != "W1" or not reads_gguf(run["system"]):
+            continue
+        if speculated(run):
+            run["bandwidth"] = {"drafted": True}
+            continue
+        around = run.get("probes_gb_s") or []
+        if around:
+            reference = sum(around) / len(around)
+            steady = max(around) <= min(around) * (1 + STEADY_SPREAD)
+            extra: dict[str, Any] = {"probe_gb_s": round(reference, 2), "steady": steady}
+        elif first:
+            reference, extra = first["gb_s"], {"probe_gb_s": first["gb_s"]}
+        else:
+            continue
+        itl = run["metrics"]["itl_ms"]["p50"]
+        run["bandwidth"] = share(per_token, itl, reference) | extra

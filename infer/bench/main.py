@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -242,16 +243,20 @@ def run_bench(args: argparse.Namespace) -> int:
     samples = [forward_step_ms(loaded, context)]
     probe_bytes = SMOKE_PROBE_BYTES if args.scale == "smoke" else bandwidth.probe_bytes()
     threads = args.threads or torch.get_num_threads()
-    meta["bandwidth"] = bandwidth.measure(_gguf(args.model), threads, probe_bytes)
-    if args.model == "default":
-        meta["bandwidth"]["notes"] = [DEFAULT_BYTES_NOTE]
     runs: list[Run] = []
     unavailable: list[dict[str, str]] = []
-    for system in systems:
-        try:
-            runs += _measure(system, settings, workloads, args.no_progress)
-        except (Unavailable, ServerError) as e:
-            unavailable.append({"system": system, "reason": str(e)})
+    with bandwidth.Probe(threads, probe_bytes) as probe:
+        meta["bandwidth"] = bandwidth.measure(_gguf(args.model), probe)
+        if args.model == "default":
+            meta["bandwidth"]["notes"] = [DEFAULT_BYTES_NOTE]
+        counted = meta["bandwidth"]["bytes_per_token"] is not None
+        for system in systems:
+            # W1 between two readings of the probe, where it becomes a share of them
+            around = probe if counted and reads_gguf(system) else None
+            try:
+                runs += _measure(system, settings, workloads, args.no_progress, around)
+            except (Unavailable, ServerError) as e:
+                unavailable.append({"system": system, "reason": str(e)})
     samples.append(forward_step_ms(loaded, context))
     meta["forward_step_samples_ms"], meta["forward_step_ms"] = samples, min(samples)
     meta["notes"] = [TOKEN_COUNT_NOTE, *settings.notes]
@@ -311,7 +316,14 @@ def _variant_of(system: str) -> str:
     return base if base in LLAMA_SPECULATIVE else system
 
 
-def _measure(system: str, settings: Settings, workloads: list[Workload], quiet: bool) -> list[Run]:
+def _measure(
+    system: str,
+    settings: Settings,
+    workloads: list[Workload],
+    quiet: bool,
+    probe: bandwidth.Probe | None = None,
+) -> list[Run]:
+    """Each workload on ``system``; W1 between two readings of ``probe`` when there is one."""
     runs: list[Run] = []
     if not quiet:
         tqdm.write(f"{system}: setting up", file=sys.stderr)
@@ -332,7 +344,10 @@ def _measure(system: str, settings: Settings, workloads: list[Workload], quiet: 
                 leave=False,
                 file=sys.stderr,
             ) as bar:
-                results = measure(workload, lambda r: bar.update())
+                around = probe if workload.name == "W1" else None
+                results, probes = bandwidth.bracket(
+                    around, partial(measure, workload, lambda r: bar.update())
+                )
             run: Run = {
                 "system": system,
                 "workload": workload.name,
@@ -341,6 +356,8 @@ def _measure(system: str, settings: Settings, workloads: list[Workload], quiet: 
                 "serial": serial,
                 "metrics": summarize(results, workload.follow_ups),
             }
+            if probes:
+                run["probes_gb_s"] = probes
             drafts = settings.drafts.pop(system, None)
             if drafts is not None:
                 run["drafts"] = drafts | {"acceptance": _share(drafts)}

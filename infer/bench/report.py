@@ -5,8 +5,9 @@ A report is a plain dict (see :func:`infer.bench.main.run_bench`): ``meta``, ``w
 ``ratio_vs_sequential`` and, when vLLM was measured, ``ratio_vs_vllm``: output tok/s and TTFT
 p95 over vLLM's on the same load; an infer server's runs have ``drafts``: the draft tokens it
 verified over the workload and how many it accepted; W1 runs of infer and llama.cpp have
-``bandwidth``: bytes per token ÷ ITL p50 in GB/s and as a share of the read probe, whose result
-is ``meta.bandwidth``), ``unavailable`` systems with the reason, and ``goals``.
+``bandwidth``: bytes per token ÷ ITL p50 in GB/s and as a share of the read probe, run just
+before and after them (``probes_gb_s``; its first reading is ``meta.bandwidth``)),
+``unavailable`` systems with the reason, and ``goals``.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from typing import Any
+
+from infer.bench.bandwidth import STEADY_SPREAD
 
 Report = dict[str, Any]
 Run = dict[str, Any]
@@ -209,18 +212,29 @@ def bandwidth_table(report: Report) -> str:
     if rows:
         out += [
             "",
-            "| system | W1 ITL p50 ms | GB/s read (bytes per token ÷ ITL p50) | of the probe |",
-            "|---|---|---|---|",
+            "Each share is over the mean of two probe readings, just before and just after "
+            "that system's W1 (the memory of a VM can change speed for minutes at a time); "
+            f"*moved* marks a run whose two readings differ by more than {STEADY_SPREAD:.0%}: "
+            "its share is uncertain.",
+            "",
+            "| system | W1 ITL p50 ms | GB/s read (bytes per token ÷ ITL p50) "
+            "| probe before / after, GB/s | of the probe |",
+            "|---|---|---|---|---|",
         ]
         for run in rows:
-            if run["bandwidth"].get("drafted"):
-                out.append(f"| {run['system']} | drafted: not one step a token | – | – |")
+            bw_run = run["bandwidth"]
+            if bw_run.get("drafted"):
+                out.append(f"| {run['system']} | drafted: not one step a token | – | – | – |")
                 continue
-            share = run["bandwidth"].get("of_probe")
+            around = run.get("probes_gb_s") or []
+            probes = " / ".join(f"{g:.1f}" for g in around) if around else "–"
+            share = bw_run.get("of_probe")
+            cell = "–" if share is None else f"{share:.0%}"
+            if bw_run.get("steady") is False:
+                cell += " (*moved*)"
             out.append(
                 f"| {run['system']} | {_num(run['metrics']['itl_ms']['p50'])} "
-                f"| {_num(run['bandwidth'].get('gb_s'))} "
-                f"| {'–' if share is None else f'{share:.0%}'} |"
+                f"| {_num(bw_run.get('gb_s'))} | {probes} | {cell} |"
             )
     return "\n".join([*out, ""])
 

@@ -132,8 +132,9 @@ def test_meta_goals_and_markdown(report_dir: Path) -> None:
 def test_w1_bandwidth_against_the_probe(report_dir: Path) -> None:
     """The read probe ran (on smoke's small buffer) with the servers' thread count; a decode
     step reads the whole default GGUF file's tensors (its embeddings are its head too); each
-    W1 run of infer's systems has its share of the probe, transformers' has none, and a
-    run whose drafts were kept (tokens several a step) is marked instead of given one."""
+    W1 run of infer's systems has its share of the probe readings taken just before and
+    after it, transformers' has none, and a run whose drafts were kept (tokens several a
+    step) is marked instead of given one."""
     report = _report(report_dir)
     meta = report["meta"]
     bandwidth = meta["bandwidth"]
@@ -150,8 +151,14 @@ def test_w1_bandwidth_against_the_probe(report_dir: Path) -> None:
         share = run["bandwidth"]
         if share.get("drafted"):
             assert run["drafts"]["accepted"] > 0
-        else:
-            assert share["gb_s"] > 0 and share["of_probe"] > 0
+            continue
+        # the probe ran again just before and after the run, and the share is over those
+        before, after = run["probes_gb_s"]
+        assert before > 0 and after > 0
+        assert share["probe_gb_s"] == round((before + after) / 2, 2)
+        assert share["of_probe"] == pytest.approx(share["gb_s"] / ((before + after) / 2), rel=1e-3)
+        assert share["steady"] == (max(before, after) <= min(before, after) * 1.1)
+    assert "| probe before / after, GB/s |" in _markdown(report_dir, report)
 
 
 def test_decode_bytes_read_one_embedding_row_beside_a_head() -> None:

@@ -14,16 +14,18 @@ import trio
 from transformers import PreTrainedTokenizerBase
 
 from infer import cli
+from infer.bench.bandwidth import STEADY_SPREAD, add_shares
 from infer.bench.client import Target, _StreamState, run_workload
 from infer.bench.main import _variant_of, _with_variants, add_ratios
 from infer.bench.metrics import RequestResult, distribution_ms, summarize
-from infer.bench.report import markdown
+from infer.bench.report import bandwidth_table, markdown
 from infer.bench.sse import SSEEvent, SSEParser
 from infer.bench.systems import (
     INFER_SERVERS,
     Settings,
     llama_variants,
     parse_draft_counters,
+    reads_gguf,
 )
 from infer.bench.workloads import (
     AGENT_TOOLS,
@@ -469,6 +471,56 @@ def _run(system: str, workload: str, tokens: int, ttft: float, concurrency: int 
         "serial": False,
         "metrics": summarize([result]),
     }
+
+
+def _w1(system: str, **extra: object) -> dict:
+    """A W1 run of one request whose tokens come 20 ms apart."""
+    result = RequestResult(0.0, [0.1 + 0.02 * i for i in range(11)], 1.0, output_tokens=11)
+    return {
+        "system": system,
+        "workload": "W1",
+        "concurrency": 1,
+        "rate": None,
+        "serial": False,
+        "metrics": summarize([result]),
+        **extra,
+    }
+
+
+def test_w1_share_is_over_the_probe_readings_around_it() -> None:
+    """A step reading 1 GB every 20 ms moves 50 GB/s. Its share is over the mean of the probe
+    readings just before and after its W1; readings further apart than STEADY_SPREAD mark
+    the run as *moved*; a run without them falls back on the run's first reading. A run
+    whose drafts were kept, a system that reads a dense copy (vLLM) and other loads get none."""
+    assert STEADY_SPREAD == pytest.approx(0.10)
+    runs = [
+        _w1("infer-nospec", probes_gb_s=[50.0, 52.0]),
+        _w1("llama.cpp", probes_gb_s=[50.0, 75.0]),
+        _w1("sequential"),
+        _w1("vllm", probes_gb_s=[50.0, 50.0]),
+        _w1("infer-continuous", drafts={"drafted": 4, "accepted": 3}),
+        _w1("infer-nospec", probes_gb_s=[50.0, 52.0]) | {"workload": "W2"},
+    ]
+    probe = {"gb_s": 40.0, "plain_gb_s": 39.0, "prefetch_gb_s": 40.0, "passes": 5, "threads": 2}
+    meta = {"probe": probe | {"bytes": 2**30}, "bytes_per_token": 10**9}
+    add_shares(runs, meta, reads_gguf, lambda r: bool(r.get("drafts", {}).get("accepted")))
+    steady, moved, fallback, dense, drafted, other = runs
+    assert steady["bandwidth"] == {
+        "gb_s": 50.0,
+        "of_probe": round(50 / 51, 4),
+        "probe_gb_s": 51.0,
+        "steady": True,
+    }
+    assert moved["bandwidth"]["of_probe"] == 0.8 and moved["bandwidth"]["steady"] is False
+    assert fallback["bandwidth"] == {"gb_s": 50.0, "of_probe": 1.25, "probe_gb_s": 40.0}
+    assert drafted["bandwidth"] == {"drafted": True}
+    assert "bandwidth" not in dense and "bandwidth" not in other
+    report = {"meta": META | {"bandwidth": meta | {"gguf": "m.gguf"}}, "runs": runs}
+    text = bandwidth_table(report)
+    assert "| infer-nospec | 20.0 | 50.0 | 50.0 / 52.0 | 98% |" in text
+    assert "| llama.cpp | 20.0 | 50.0 | 50.0 / 75.0 | 80% (*moved*) |" in text
+    assert "| sequential | 20.0 | 50.0 | – | 125% |" in text
+    assert "| infer-continuous | drafted: not one step a token | – | – | – |" in text
 
 
 def test_ratio_against_vllm_in_json_and_markdown() -> None:
