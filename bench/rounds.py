@@ -48,7 +48,7 @@ def main() -> int:
         subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
         (report,) = out.glob("*.json")
         runs = json.loads(report.read_text())["runs"]
-        rows.append({r["system"]: _figures(r["metrics"]) for r in runs})
+        rows.append({r["system"]: _figures(r) for r in runs})
         print(f"round {i + 1}: " + _line(rows[-1], systems), file=sys.stderr, flush=True)
     table = _table(rows, systems, args)
     print(table)
@@ -58,12 +58,17 @@ def main() -> int:
     return 0
 
 
-def _figures(metrics: dict[str, Any]) -> dict[str, float]:
-    return {
+def _figures(run: dict[str, Any]) -> dict[str, float]:
+    metrics, share = run["metrics"], run.get("bandwidth") or {}
+    figures = {
         "tok_s": metrics["output_tok_s"],
         "itl": metrics["itl_ms"]["p50"],
         "ttft": metrics["ttft_ms"]["p50"],
     }
+    if share.get("of_probe"):  # W1: its share of the probe readings around it
+        figures["share"] = share["of_probe"]
+        figures["steady"] = float(share.get("steady", True))
+    return figures
 
 
 def _line(row: dict[str, dict[str, float]], systems: list[str]) -> str:
@@ -111,6 +116,20 @@ def _table(
             lines.append(
                 f"{first} ÷ {s}, output tok/s: median {statistics.median(values):.2f}×, "
                 f"range {min(values):.2f}–{max(values):.2f}× over {len(values)} rounds"
+            )
+    for s in systems:
+        shares = [(row[s]["share"], row[s]["steady"]) for row in rows if "share" in row.get(s, {})]
+        steady = [v for v, ok in shares if ok]
+        if shares:
+            lines.append(
+                f"{s}, bytes per token ÷ ITL p50 over the probe read just before and after its "
+                f"run: median {statistics.median(v for v, _ in shares):.0%} over {len(shares)} "
+                + (
+                    f"rounds, {statistics.median(steady):.0%} over the {len(steady)} whose "
+                    "readings agreed"
+                    if steady
+                    else "rounds, none whose readings agreed"
+                )
             )
     return "\n".join(lines)
 
