@@ -68,6 +68,7 @@ namespace {
 
 constexpr int64_t kMagic = 0x32544E4951;  // "QINT2"
 constexpr int64_t kHeader = 128;          // bytes
+constexpr int64_t kPartsMagic = 0x5354524150494E51;  // "QNIPARTS": a weight of parts
 constexpr int64_t kLanes = 16;            // columns per block of the packed layout
 constexpr int64_t kCols = 2;              // 16-column blocks per work item
 constexpr int64_t kRows = 4;              // rows per tile
@@ -1210,8 +1211,11 @@ void keep_small(std::vector<T>& v) {
   if (v.capacity() * sizeof(T) > (size_t{4} << 20)) std::vector<T>().swap(v);
 }
 
-at::Tensor linear(const at::Tensor& x, const at::Tensor& weight,
-                  const c10::optional<at::Tensor>& bias, bool out_float, Act act) {
+// x @ W.T (+ bias, then the activation of a gated weight). `into`, where given, is the output
+// of a weight of several parts: this part's columns go to its columns from col0 on.
+at::Tensor linear_part(const at::Tensor& x, const at::Tensor& weight,
+                       const c10::optional<at::Tensor>& bias, bool out_float, Act act,
+                       at::Tensor* into, int64_t col0) {
   const Layout l = layout_of(weight);
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat,
               "x must be bf16 or float32");
@@ -1250,7 +1254,9 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight,
   sizes.back() = width;
   // float32 activations get float32 outputs (a float32 model); bf16 ones bf16 unless asked.
   out_float = out_float || x.scalar_type() == at::kFloat;
-  auto out = at::empty(sizes, x.options().dtype(out_float ? at::kFloat : at::kBFloat16));
+  at::Tensor out = into ? *into
+                        : at::empty(sizes, x.options().dtype(out_float ? at::kFloat : at::kBFloat16));
+  const int64_t ldo = into ? into->size(-1) : width;  // elements per output row
   at::Tensor b;
   if (bias.has_value() && bias->defined()) {
     b = bias->to(at::kFloat).contiguous();
@@ -1281,6 +1287,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight,
   const int64_t row_blocks = (rows + row_block - 1) / row_block;
   constexpr int64_t kHalves = kLanes / kW;  // units per block
   const int64_t elem = out_float ? 4 : 2;
+  char* const out_at = static_cast<char*>(out.data_ptr()) + col0 * elem;
   // The unit of block `blk` that starts `half` vectors in.
   auto unit = [&](int64_t blk, int64_t half) {
     return Unit{l.q + blk * l.q_block + half * kW * 4, l.sc + blk * l.sc_block + half * kW,
@@ -1306,8 +1313,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight,
       }
       for (int64_t h = 0; h < kHalves; ++h) {
         const int64_t col = b0 / 2 * kLanes + h * kW;
-        const Out o{static_cast<char*>(out.data_ptr()) + col * elem, width, out_float, nullptr,
-                    act};
+        const Out o{out_at + col * elem, ldo, out_float, nullptr, act};
         for (int64_t r = 0; r < rows; ++r) {
           const VF acc[2] = {V::loadf(sums[r] + h * kW), V::loadf(sums[r] + kLanes + h * kW)};
           put_row<2>(o, r, acc);
@@ -1340,7 +1346,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight,
         col = b0 / 2 * kLanes + pass * kW;
       }
       const int64_t in_col = act == kNone ? col : b0 * kLanes + pass * kW;
-      Out o{static_cast<char*>(out.data_ptr()) + col * elem, width, out_float,
+      Out o{out_at + col * elem, ldo, out_float,
             b.defined() ? b.data_ptr<float>() + in_col : nullptr, act, unit_step};
       int64_t r = rb * row_block;
 #ifdef INFER_QUANT_AMX
@@ -1375,6 +1381,53 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight,
   keep_small(qx.q);
   keep_small(qx.qu);
   keep_small(xl);
+  return out;
+}
+
+// A weight packed as several parts (quant.pack_parts: q and k beside a v of more bits, each
+// read at its own bits): a header of kPartsMagic, the count and each part's offset, then
+// the parts, each a weight of its own. Empty for any other weight.
+std::vector<at::Tensor> parts_of(const at::Tensor& w) {
+  std::vector<at::Tensor> parts;
+  if (w.scalar_type() != at::kByte || w.dim() != 1 || !w.is_contiguous() || w.numel() < kHeader)
+    return parts;
+  int64_t h[kHeader / 8];
+  std::memcpy(h, w.data_ptr<uint8_t>(), sizeof h);
+  if (h[0] != kPartsMagic) return parts;
+  const int64_t count = h[1];
+  TORCH_CHECK(count >= 1 && count <= kHeader / 8 - 2, "a weight of parts has 1 to ",
+              kHeader / 8 - 2, " parts");
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t from = h[2 + i], to = i + 1 < count ? h[3 + i] : w.numel();
+    TORCH_CHECK(from >= kHeader && from < to && to <= w.numel(),
+                "a weight of parts is truncated");
+    parts.push_back(w.narrow(0, from, to - from));
+  }
+  return parts;
+}
+
+at::Tensor linear(const at::Tensor& x, const at::Tensor& weight,
+                  const c10::optional<at::Tensor>& bias, bool out_float, Act act) {
+  const std::vector<at::Tensor> parts = parts_of(weight);
+  if (parts.empty()) return linear_part(x, weight, bias, out_float, act, nullptr, 0);
+  TORCH_CHECK(act == kNone, "a gated weight has one part");
+  int64_t n = 0;
+  for (const auto& p : parts) n += layout_of(p).n;
+  const bool has_bias = bias.has_value() && bias->defined();
+  TORCH_CHECK(!has_bias || bias->numel() == n, "bias must be [out_features]");
+  auto sizes = x.sizes().vec();
+  sizes.back() = n;
+  out_float = out_float || x.scalar_type() == at::kFloat;
+  at::Tensor out = at::empty(sizes, x.options().dtype(out_float ? at::kFloat : at::kBFloat16));
+  at::Tensor rows = out.view({-1, n});
+  int64_t col = 0;
+  for (const auto& p : parts) {
+    const int64_t width = layout_of(p).n;
+    c10::optional<at::Tensor> part_bias;
+    if (has_bias) part_bias = bias->reshape({-1}).narrow(0, col, width);
+    linear_part(x, p, part_bias, out_float, kNone, &rows, col);
+    col += width;
+  }
   return out;
 }
 

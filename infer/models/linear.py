@@ -22,24 +22,39 @@ from infer.models.quant import QuantTensor
 class QuantLinear(nn.Module):
     """A frozen linear over quantized weights, read as they are by ``quant_linear.cpp``.
 
-    Built from one :class:`QuantTensor`; q/k/v (or gate/up) concatenate into one, in a
-    layout that holds each part exactly (:func:`quant.concat`). :meth:`pack` writes it in
-    the kernel's layout and drops the unpacked arrays.
+    Built from one :class:`QuantTensor`, or from several whose layouts differ (parts of its
+    output rows, in order). q/k/v (or gate/up) concatenate into one where their layouts
+    agree (:func:`quant.concat`); where they do not (Q4_K_M's Q4_K q and k beside a Q6_K v),
+    each layout stays a part and is read at its own bits, rather than all at the widest
+    (which read q and k at 6 bits). :meth:`pack` writes the kernel's layout and drops the
+    unpacked arrays.
     """
 
     def __init__(
-        self, weight: QuantTensor, bias: Tensor | None = None, dtype: torch.dtype = torch.bfloat16
+        self,
+        weight: QuantTensor | list[QuantTensor],
+        bias: Tensor | None = None,
+        dtype: torch.dtype = torch.bfloat16,
     ) -> None:
         super().__init__()
-        self.weight: QuantTensor | None = weight
+        parts = weight if isinstance(weight, list) else [weight]
+        self.parts: list[QuantTensor] | None = parts
         self.dtype = dtype  # the model's: what a dequantized copy of it would be
-        self.out_features, self.in_features = weight.shape
+        self.out_features = sum(p.shape[0] for p in parts)
+        self.in_features = parts[0].shape[1]
         self.bias: nn.Parameter | None = None if bias is None else nn.Parameter(bias, False)
         self.packed: Tensor | None = None
 
     @classmethod
     def concat(cls, linears: list[QuantLinear]) -> QuantLinear:
-        merged = quant.concat([lin.quantized() for lin in linears])
+        # neighbours of one layout in one part, each layout apart
+        parts: list[list[QuantTensor]] = []
+        for weight in (p for lin in linears for p in lin._unpacked()):
+            if parts and parts[-1][0].layout == weight.layout:
+                parts[-1].append(weight)
+            else:
+                parts.append([weight])
+        merged = [quant.concat(same) if len(same) > 1 else same[0] for same in parts]
         bias = None
         if any(lin.bias is not None for lin in linears):
             bias = torch.cat(
@@ -50,16 +65,22 @@ class QuantLinear(nn.Module):
                     for lin in linears
                 ]
             )
-        return cls(merged, bias, linears[0].dtype)
+        return cls(merged if len(merged) > 1 else merged[0], bias, linears[0].dtype)
+
+    def _unpacked(self) -> list[QuantTensor]:
+        assert self.parts is not None, "a packed QuantLinear no longer holds its QuantTensor"
+        return self.parts
 
     def quantized(self) -> QuantTensor:
-        assert self.weight is not None, "a packed QuantLinear no longer holds its QuantTensor"
-        return self.weight
+        """The weight as one :class:`QuantTensor` (parts in a layout that holds each)."""
+        parts = self._unpacked()
+        return parts[0] if len(parts) == 1 else quant.concat(parts)
 
     def pack(self) -> None:
         if self.packed is None:
-            self.packed = quant.pack(self.quantized())
-            self.weight = None
+            parts = self._unpacked()
+            self.packed = quant.pack(parts[0]) if len(parts) == 1 else quant.pack_parts(parts)
+            self.parts = None
             if self.bias is not None:
                 self.bias = nn.Parameter(self.bias.detach().float(), requires_grad=False)
 

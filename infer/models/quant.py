@@ -14,7 +14,9 @@ exact in float32, so :func:`dequantize` gives back what ``gguf`` dequantizes, bi
 :class:`QuantTensor` holds the unpacked arrays while a model is built (q/k/v and gate/up
 concatenate along the output axis when their layouts agree); :func:`pack` writes the one
 uint8 tensor that ``quant_linear.cpp`` reads, leaving out s and o where they repeat (Q6_K's
-o is its s; the legacy types' are 1).
+o is its s; the legacy types' are 1). Where they do not agree (Q4_K_M's Q4_K q and k beside
+a Q6_K v), :func:`pack_parts` puts each layout's packed weight in one tensor, which the kernel
+reads part after part, each at its own bits.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from gguf.quants import Q4_K
 from infer.models import pages
 
 MAGIC = 0x32544E4951  # "QINT2", the kernel checks it
+PARTS_MAGIC = 0x5354524150494E51  # "QNIPARTS": a weight of parts (pack_parts)
 _HEADER = 128
 LANES = 16  # output columns per packed block
 
@@ -168,6 +171,26 @@ def pack(t: QuantTensor) -> torch.Tensor:
             cc = _fold_constants(t, rows).view(b1 - b0, LANES, supers).transpose(1, 2)
             cc = cc.contiguous().view(torch.uint8).view(-1)  # [blocks, supers, 16] int32
             out[off_cc + b0 * cc_block : off_cc + b1 * cc_block] = cc
+    return out
+
+
+def pack_parts(parts: list[QuantTensor]) -> torch.Tensor:
+    """``parts`` (the output rows of one linear, in order) in one uint8 tensor: a header of
+    :data:`PARTS_MAGIC`, the count and where each part starts, then each part as :func:`pack`
+    writes it. The kernel reads each at its own layout, into its columns of one output."""
+    if not 1 <= len(parts) <= _HEADER // 8 - 2:
+        raise ValueError(f"a weight of parts has 1 to {_HEADER // 8 - 2} parts")
+    packed = [pack(p) for p in parts]
+    starts, at = [], _HEADER
+    for one in packed:
+        starts.append(at)
+        at = _align(at + one.numel())
+    out = pages.empty(starts[-1] + packed[-1].numel())
+    fields = [PARTS_MAGIC, len(parts), *starts]
+    header = torch.tensor(fields + [0] * (_HEADER // 8 - len(fields)), dtype=torch.int64)
+    out[:_HEADER] = header.view(torch.uint8)
+    for start, one in zip(starts, packed, strict=True):
+        out[start : start + one.numel()] = one
     return out
 
 

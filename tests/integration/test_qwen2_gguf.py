@@ -19,6 +19,7 @@ import torch
 from infer import kernels
 from infer.bench.servers import free_port, running_server
 from infer.bench.workloads import SOURCE_TEXT
+from infer.models import quant
 from infer.models.linear import QuantGatedLinear, QuantLinear
 from infer.models.loader import LoadedModel, load_model
 from infer.models.packaged import assemble
@@ -71,6 +72,9 @@ def test_quantized_weights_agree_with_the_dequantized_model(
     model = qwen_model.model
     layer = model.model.layers[0]
     assert isinstance(layer.self_attn.qkv_proj, QuantLinear)
+    # Q4_K_M keeps this layer's v in Q6_K: q and k (Q4_K) and v are read each at its own bits
+    packed = layer.self_attn.qkv_proj.packed
+    assert packed is not None and int(packed[:8].view(torch.int64)) == quant.PARTS_MAGIC
     assert isinstance(layer.mlp.gate_up_proj, QuantGatedLinear)
     assert model.decode_stack is not None  # decode steps still run as one kernel call
     dense = dequantized.model

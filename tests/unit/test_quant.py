@@ -303,6 +303,75 @@ def test_q_k_and_v_of_different_types_concatenate_exactly(types: tuple[QT, ...])
         torch.testing.assert_close(out, expected, atol=2e-5 * expected.abs().max().item(), rtol=0)
 
 
+@each_target
+@pytest.mark.parametrize(
+    "types", [(QT.Q4_K, QT.Q4_K, QT.Q6_K), (QT.Q5_0, QT.Q4_K, QT.Q6_K)], ids=str
+)
+def test_q_k_and_v_of_different_layouts_are_read_each_at_its_own_bits(
+    target: str, types: tuple[QT, ...]
+) -> None:
+    """A projection over q, k and v whose layouts differ keeps each layout a part (Q4_K_M's
+    q and k in Q4_K, v in Q6_K: two; three where all differ), read part after part at its
+    own bits into one output: each part's columns are its own call's, bit for bit, at 1 to
+    9 rows, a row gets the same bits alone as among others, and the weight is smaller than
+    all of it widened to the most bits."""
+    rng = np.random.default_rng(5)
+    ops = kernels.ops_for(target)
+    shapes = (32, 16, 16)
+    linears = []
+    for qtype, n in zip(types, shapes, strict=True):
+        w = quant.from_gguf(qtype, _blocks(qtype, n, 512, rng), (n, 512))
+        assert w is not None
+        linears.append(QuantLinear(w, torch.randn(n)))
+    fused = QuantLinear.concat(linears)
+    layouts = [lin.quantized().layout for lin in linears]
+    groups = [layouts[0]] + [b for a, b in zip(layouts, layouts[1:], strict=False) if b != a]
+    assert fused.parts is not None and [p.layout for p in fused.parts] == groups
+    assert fused.out_features == sum(shapes) and fused.in_features == 512
+    # the widened whole, for a CPU that dequantizes: the same numbers
+    expected = torch.cat([lin.quantized().dequantize() for lin in linears])
+    assert torch.equal(fused.quantized().dequantize(), expected)
+    widened = quant.pack(fused.quantized())
+    bias = torch.cat([lin.bias.detach() for lin in linears])  # type: ignore[union-attr]
+    parts, fused_bias = fused.parts, bias
+    fused.pack()
+    packed = fused.packed
+    assert packed is not None and fused.parts is None
+    assert int(packed[:8].view(torch.int64)) == quant.PARTS_MAGIC
+    assert packed.numel() < widened.numel()
+    x = torch.randn(9, 512).bfloat16()
+    for rows in (9, 1):
+        out = ops.quant_linear(x[:rows], packed, fused_bias, True)
+        apart, col = [], 0
+        for part in parts:
+            n = part.shape[0]
+            apart.append(ops.quant_linear(x[:rows], quant.pack(part), bias[col : col + n], True))
+            col += n
+        assert torch.equal(out, torch.cat(apart, -1))
+        reference = torch.cat([_reference(x[:rows], p) for p in parts], -1) + bias
+        torch.testing.assert_close(out, reference, atol=2e-5 * reference.abs().max().item(), rtol=0)
+    together = ops.quant_linear(x, packed, None, False)
+    assert together.dtype == torch.bfloat16 and together.shape == (9, sum(shapes))
+    for r, n in ((0, 1), (4, 3), (8, 1)):
+        assert torch.equal(ops.quant_linear(x[r : r + n], packed, None, False), together[r : r + n])
+
+
+def test_a_weight_of_parts_that_does_not_hold_them_is_refused() -> None:
+    """A parts header pointing past the tensor's end, or a gated call over parts: an error,
+    not a read out of bounds."""
+    if not kernels.has_quant():
+        pytest.skip("this CPU has no quantized kernel")
+    rng = np.random.default_rng(6)
+    parts = [quant.from_gguf(t, _blocks(t, 16, 512, rng), (16, 512)) for t in (QT.Q4_K, QT.Q6_K)]
+    packed = quant.pack_parts(parts)  # type: ignore[arg-type]
+    x = torch.randn(2, 512).bfloat16()
+    assert kernels.ops().quant_linear(x, packed, None, True).shape == (2, 32)
+    with pytest.raises(RuntimeError, match="truncated"):
+        kernels.ops().quant_linear(x, packed[: packed.numel() // 2].clone(), None, True)
+    with pytest.raises(RuntimeError, match="one part"):
+        kernels.ops().quant_gated_linear(x, packed, None, False)
+
+
 def test_quantize_at_load_is_close_to_the_weight() -> None:
     w = torch.randn(64, 256)
     for bits, tol in ((8, 0.01), (4, 0.2)):
