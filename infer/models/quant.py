@@ -76,7 +76,8 @@ class QuantTensor:
 
 def concat(parts: list[QuantTensor]) -> QuantTensor:
     """The rows of ``parts`` in one tensor, in a layout that holds each exactly (see
-    :func:`widen`): Q4_K's q and k beside Q6_K's v become one 8-bit, 16-group tensor."""
+    :func:`widen`): Q4_K's q and k beside Q6_K's v become one 6-bit, 16-group tensor. (The
+    kernel reads such neighbours as parts instead, each at its own bits: :func:`pack_parts`.)"""
     if any(p.shape[1] != parts[0].shape[1] for p in parts):
         raise ValueError("parts to concatenate must have the same input features")
     bits = max(p.bits for p in parts)
