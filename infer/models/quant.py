@@ -21,6 +21,7 @@ reads part after part, each at its own bits.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -125,10 +126,11 @@ def rows(t: QuantTensor, index: torch.Tensor) -> QuantTensor:
     )
 
 
-def pack(t: QuantTensor) -> torch.Tensor:
+def pack(t: QuantTensor, empty: Callable[[int], torch.Tensor] = pages.empty) -> torch.Tensor:
     """The uint8 tensor ``quant_linear.cpp`` reads: header, then u, the scales that do not
     repeat (s and o, s alone, or none: :func:`stored_scales`), (D, M) per 16 output columns
-    and, where every weight is D s (u - 32), each column's constant C per superblock."""
+    and, where every weight is D s (u - 32), each column's constant C per superblock. The
+    bytes come from ``empty`` (zeroed): 2 MB pages, which are never given back piecemeal."""
     n, k = t.shape
     if n % LANES or k % 32:
         raise ValueError(f"a quantized linear needs N % 16 == 0 and K % 32 == 0, got {n}x{k}")
@@ -150,7 +152,7 @@ def pack(t: QuantTensor) -> torch.Tensor:
     # several rows take x + 128 as unsigned and u - 32 as signed, and C off each sum
     cc_block = supers * LANES * 4 if folded else 0
     off_cc = _align(off_sup + blocks * sup_block) if folded else 0
-    out = pages.empty(max(off_sup + blocks * sup_block, off_cc + blocks * cc_block))  # zeroed
+    out = empty(max(off_sup + blocks * sup_block, off_cc + blocks * cc_block))  # zeroed
     fields = [MAGIC, t.bits, t.group, t.supers_every, n, k, off_sc, off_sup, stored, folded, off_cc]
     header = torch.tensor(fields + [0] * (_HEADER // 8 - len(fields)), dtype=torch.int64)
     out[:_HEADER] = header.view(torch.uint8)
@@ -181,7 +183,8 @@ def pack_parts(parts: list[QuantTensor]) -> torch.Tensor:
     writes it. The kernel reads each at its own layout, into its columns of one output."""
     if not 1 <= len(parts) <= _HEADER // 8 - 2:
         raise ValueError(f"a weight of parts has 1 to {_HEADER // 8 - 2} parts")
-    packed = [pack(p) for p in parts]
+    # each part packed in torch's memory first, which goes back (the pages' arena keeps all)
+    packed = [pack(p, lambda n: torch.zeros(n, dtype=torch.uint8)) for p in parts]
     starts, at = [], _HEADER
     for one in packed:
         starts.append(at)
