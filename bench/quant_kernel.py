@@ -3,7 +3,8 @@
     python bench/quant_kernel.py [--rows 1,16,64] [--peak 1030]
 
 Random weights in the layouts the Qwen2.5-Coder-1.5B Q4_K_M file packs into (Q4_K gate/up,
-Q6_K down, the 6-bit q/k/v of Q4_K beside Q6_K), run by ``quant_linear`` on every thread.
+Q6_K and Q4_K down, q/k/v in Q4_K, and the Q6_K v read apart where its layer keeps it so), run
+by ``quant_linear`` on every thread.
 Weights of this size stay in the L3 cache between calls, so the figure is the kernel's
 arithmetic rate, not memory's; ``--peak`` (``bench/vnni_peak.cpp`` on this machine) adds the
 share of the CPU's VPDPBUSD peak. Each case also prints its error against the dequantized
@@ -27,7 +28,8 @@ CASES = (
     ("gate/up Q4_K", 17920, 1536, 4, 32, 8, False),
     ("down Q6_K", 1536, 8960, 6, 16, 16, True),
     ("down Q4_K", 1536, 8960, 4, 32, 8, False),
-    ("q/k/v 6-bit", 2048, 1536, 6, 16, 16, False),
+    ("q/k/v Q4_K", 2048, 1536, 4, 32, 8, False),
+    ("v Q6_K", 256, 1536, 6, 16, 16, True),
 )
 
 
