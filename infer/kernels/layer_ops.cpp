@@ -1,7 +1,8 @@
 // The elementwise parts of a decoder layer, each one pass over its rows: RMSNorm (with the
 // residual add folded in), rotary embedding plus the KV-cache write, and the gated
-// activation; and the lookup of a quantized embedding table. In eager torch each of these is 3 to 8 ops with bf16 <-> float copies in
-// between; at decode sizes that per-op cost, not arithmetic, was a third of a step.
+// activation; and the lookup of a quantized embedding table. In eager torch each of these is
+// 3 to 8 ops with bf16 <-> float copies in between; at decode sizes that per-op cost, not
+// arithmetic, was a third of a step.
 //
 // Rounding follows torch's eager ops where a test compares them: a bf16 RMSNorm rounds the
 // normalized row before the weight multiplies it (as aten's rms_norm does); Gemma's

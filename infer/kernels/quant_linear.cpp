@@ -1211,6 +1211,14 @@ void keep_small(std::vector<T>& v) {
   if (v.capacity() * sizeof(T) > (size_t{4} << 20)) std::vector<T>().swap(v);
 }
 
+// An output of `width` columns for x's rows: float32 where asked or where x is float32 (a
+// float32 model), else bf16.
+at::Tensor empty_out(const at::Tensor& x, int64_t width, bool out_float) {
+  auto sizes = x.sizes().vec();
+  sizes.back() = width;
+  return at::empty(sizes, x.options().dtype(out_float ? at::kFloat : at::kBFloat16));
+}
+
 // x @ W.T (+ bias, then the activation of a gated weight). `into`, where given, is the output
 // of a weight of several parts: this part's columns go to its columns from col0 on.
 at::Tensor linear_part(const at::Tensor& x, const at::Tensor& weight,
@@ -1250,12 +1258,9 @@ at::Tensor linear_part(const at::Tensor& x, const at::Tensor& weight,
     quantize_rows(x2.data_ptr<c10::BFloat16>(), rows, l.k, l.group, per, fold_tiles, qx);
   }
   const int64_t width = act == kNone ? l.n : l.n / 2;
-  auto sizes = x.sizes().vec();
-  sizes.back() = width;
   // float32 activations get float32 outputs (a float32 model); bf16 ones bf16 unless asked.
   out_float = out_float || x.scalar_type() == at::kFloat;
-  at::Tensor out = into ? *into
-                        : at::empty(sizes, x.options().dtype(out_float ? at::kFloat : at::kBFloat16));
+  at::Tensor out = into ? *into : empty_out(x, width, out_float);
   const int64_t ldo = into ? into->size(-1) : width;  // elements per output row
   at::Tensor b;
   if (bias.has_value() && bias->defined()) {
@@ -1411,22 +1416,20 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight,
   const std::vector<at::Tensor> parts = parts_of(weight);
   if (parts.empty()) return linear_part(x, weight, bias, out_float, act, nullptr, 0);
   TORCH_CHECK(act == kNone, "a gated weight has one part");
+  std::vector<int64_t> widths;
   int64_t n = 0;
-  for (const auto& p : parts) n += layout_of(p).n;
+  for (const auto& p : parts) n += widths.emplace_back(layout_of(p).n);
   const bool has_bias = bias.has_value() && bias->defined();
   TORCH_CHECK(!has_bias || bias->numel() == n, "bias must be [out_features]");
-  auto sizes = x.sizes().vec();
-  sizes.back() = n;
   out_float = out_float || x.scalar_type() == at::kFloat;
-  at::Tensor out = at::empty(sizes, x.options().dtype(out_float ? at::kFloat : at::kBFloat16));
+  at::Tensor out = empty_out(x, n, out_float);
   at::Tensor rows = out.view({-1, n});
   int64_t col = 0;
-  for (const auto& p : parts) {
-    const int64_t width = layout_of(p).n;
+  for (size_t i = 0; i < parts.size(); ++i) {
     c10::optional<at::Tensor> part_bias;
-    if (has_bias) part_bias = bias->reshape({-1}).narrow(0, col, width);
-    linear_part(x, p, part_bias, out_float, kNone, &rows, col);
-    col += width;
+    if (has_bias) part_bias = bias->reshape({-1}).narrow(0, col, widths[i]);
+    linear_part(x, parts[i], part_bias, out_float, kNone, &rows, col);
+    col += widths[i];
   }
   return out;
 }

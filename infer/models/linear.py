@@ -65,7 +65,7 @@ class QuantLinear(nn.Module):
                     for lin in linears
                 ]
             )
-        return cls(merged if len(merged) > 1 else merged[0], bias, linears[0].dtype)
+        return cls(merged, bias, linears[0].dtype)
 
     def _unpacked(self) -> list[QuantTensor]:
         assert self.parts is not None, "a packed QuantLinear no longer holds its QuantTensor"

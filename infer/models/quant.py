@@ -153,9 +153,9 @@ def pack(t: QuantTensor, empty: Callable[[int], torch.Tensor] = pages.empty) -> 
     cc_block = supers * LANES * 4 if folded else 0
     off_cc = _align(off_sup + blocks * sup_block) if folded else 0
     out = empty(max(off_sup + blocks * sup_block, off_cc + blocks * cc_block))  # zeroed
-    fields = [MAGIC, t.bits, t.group, t.supers_every, n, k, off_sc, off_sup, stored, folded, off_cc]
-    header = torch.tensor(fields + [0] * (_HEADER // 8 - len(fields)), dtype=torch.int64)
-    out[:_HEADER] = header.view(torch.uint8)
+    _write_header(
+        out, [MAGIC, t.bits, t.group, t.supers_every, n, k, off_sc, off_sup, stored, folded, off_cc]
+    )
     # a few MB at a time (see from_gguf); every part is laid out block after block
     step = max(1, _CHUNK // (LANES * k))
     for b0 in range(0, blocks, step):
@@ -190,12 +190,16 @@ def pack_parts(parts: list[QuantTensor]) -> torch.Tensor:
         starts.append(at)
         at = _align(at + one.numel())
     out = pages.empty(starts[-1] + packed[-1].numel())
-    fields = [PARTS_MAGIC, len(parts), *starts]
-    header = torch.tensor(fields + [0] * (_HEADER // 8 - len(fields)), dtype=torch.int64)
-    out[:_HEADER] = header.view(torch.uint8)
+    _write_header(out, [PARTS_MAGIC, len(parts), *starts])
     for start, one in zip(starts, packed, strict=True):
         out[start : start + one.numel()] = one
     return out
+
+
+def _write_header(out: torch.Tensor, fields: list[int]) -> None:
+    """``fields`` as int64 at the start of ``out``, zeros after them to :data:`_HEADER` bytes."""
+    header = torch.tensor(fields + [0] * (_HEADER // 8 - len(fields)), dtype=torch.int64)
+    out[:_HEADER] = header.view(torch.uint8)
 
 
 def _fold_constants(t: QuantTensor, rows: slice) -> torch.Tensor:
