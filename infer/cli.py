@@ -101,7 +101,7 @@ def _add_generate(commands: argparse._SubParsersAction) -> None:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    params = SamplingParams(
+    params = SamplingParams.checked(
         max_new_tokens=args.max_tokens,
         temperature=args.temperature,
         top_p=args.top_p,

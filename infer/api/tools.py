@@ -83,6 +83,20 @@ class ToolPlan:
     format: Format
 
 
+@dataclass(frozen=True)
+class ToolChoice:
+    """What a request asks of tools: the offered ones and how the model may call them. The
+    call format is the served template's (:meth:`plan`)."""
+
+    tools: tuple[Tool, ...]
+    mode: Mode
+    parallel: bool = True
+
+    def plan(self, chat_template: str | None) -> ToolPlan:
+        """The plan for a model with this chat template."""
+        return ToolPlan(self.tools, self.mode, self.parallel, tool_format(chat_template))
+
+
 def tool_format(chat_template: str | None) -> Format:
     """The call format a chat template asks for (``generic`` when it takes no tools)."""
     template = chat_template or ""

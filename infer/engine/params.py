@@ -1,16 +1,19 @@
 """How one request picks its tokens and when it stops: :class:`SamplingParams`.
 
-Every range is stated once, in the field types below. The HTTP schemas declare their fields
-with the same types, so a value is checked by the same rule (and the same pydantic message)
-whether it comes from a request body, the command line or a library caller.
+Every range is stated once, in the field types below. The HTTP request models declare their
+fields with the same types, so a value is checked by the same rule (and the same pydantic
+message) whether it comes from a request body, the command line or a library caller. It is
+checked once: by the request's model at the HTTP edge, or by :meth:`SamplingParams.checked`
+for the command line and library callers; building the dataclass checks nothing.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any
+import functools
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
-from pydantic import ConfigDict, Field
-from pydantic.dataclasses import dataclass
+from pydantic import ConfigDict, Field, TypeAdapter
 
 DEFAULT_MAX_TOKENS = 256
 MAX_STOP_STRINGS = 8
@@ -43,7 +46,7 @@ else:  # compiled by the server (and checked there); importing xgrammar here cos
     GrammarOrNone = Any
 
 
-@dataclass(config=ConfigDict(allow_inf_nan=False))
+@dataclass
 class SamplingParams:
     """How one request picks its tokens and when it stops.
 
@@ -71,30 +74,45 @@ class SamplingParams:
             before it, its rank, and the top ``prompt_logprobs`` alternatives, 0 to 20);
             ``None``: the prompt is not scored.
 
-    Raises:
-        ValueError: A field is out of range; the message names the field.
+    Build it with :meth:`checked` from values nothing has checked yet.
     """
+
+    __pydantic_config__: ClassVar[ConfigDict] = ConfigDict(allow_inf_nan=False, extra="forbid")
 
     max_new_tokens: MaxNewTokens = DEFAULT_MAX_TOKENS
     temperature: Temperature = 1.0
     top_p: TopP = 1.0
     top_k: TopK = 0
     repetition_penalty: RepetitionPenalty = 1.0
-    stop: StopStrings = Field(default_factory=list)
+    stop: StopStrings = field(default_factory=list)
     seed: Seed | None = None
     ignore_eos: bool = False
     logprobs: Logprobs = 0
     presence_penalty: Penalty = 0.0
     frequency_penalty: Penalty = 0.0
-    logit_bias: dict[TokenId, Bias] = Field(default_factory=dict)
+    logit_bias: dict[TokenId, Bias] = field(default_factory=dict)
     grammar: GrammarOrNone = None
     prompt_logprobs: Logprobs | None = None
 
-    def __post_init__(self) -> None:
-        if self.max_new_tokens == 0 and self.prompt_logprobs is None:
+    @classmethod
+    def checked(cls, **values: Any) -> SamplingParams:
+        """Parameters from values nothing has checked yet (the command line, a library
+        caller), each checked against its range.
+
+        Raises:
+            ValueError: A value is out of range; the message names its field.
+        """
+        params = _adapter().validate_python(values)
+        if params.max_new_tokens == 0 and params.prompt_logprobs is None:
             raise ValueError("max_new_tokens: 0 is only allowed with prompt_logprobs")
+        return params
 
     @property
     def greedy(self) -> bool:
         """Whether this request takes the argmax instead of sampling."""
         return self.temperature == 0.0
+
+
+@functools.cache
+def _adapter() -> TypeAdapter[SamplingParams]:
+    return TypeAdapter(SamplingParams)

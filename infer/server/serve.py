@@ -30,7 +30,7 @@ from infer.engine.config import EngineConfig
 from infer.engine.engine import Engine
 from infer.server.app import create_app, drain
 from infer.server.config import ServerConfig
-from infer.server.state import ServerState
+from infer.server.host.state import ServerState
 
 log = logging.getLogger("infer.server")
 

@@ -7,14 +7,14 @@ from typing import Any
 import pytest
 import trio
 
+from infer.api.errors import ErrorCode
 from infer.engine.config import EngineConfig
 from infer.engine.engine import Engine
 from infer.engine.params import SamplingParams
 from infer.engine.request import Failure, FinishReason, StepOutput, TraceSpec
 from infer.server.config import ServerConfig
-from infer.server.errors import ErrorCode
-from infer.server.stream import SLOW_CLIENT, RequestStream
-from infer.server.worker import EngineWorker, QueueFullError, SettlePolicy, WorkerStoppedError
+from infer.server.host.stream import SLOW_CLIENT, RequestStream
+from infer.server.host.worker import EngineWorker, QueueFullError, SettlePolicy, WorkerStoppedError
 
 LENGTH = FinishReason.LENGTH
 SETTLE = {"policy": SettlePolicy()}

@@ -12,8 +12,8 @@ import httpx
 import trio
 from hypercorn.config import Config as HypercornConfig
 
-from infer.api import native as native_events
-from infer.api import openai
+from infer.api.native import bodies as native_events
+from infer.api.openai import bodies as openai
 from infer.server.serve import serve_app
 from support.server import (
     StepGate,

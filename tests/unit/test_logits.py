@@ -69,7 +69,7 @@ def test_output_counts_ignores_ids_past_the_vocabulary() -> None:
 )
 def test_out_of_range_values_are_refused(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=field):
-        SamplingParams(**{field: value})
+        SamplingParams.checked(**{field: value})
 
 
 def test_banned_token_never_sampled_forced_token_always() -> None:

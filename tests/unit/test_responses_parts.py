@@ -7,10 +7,11 @@ import pytest
 from pydantic import ValidationError
 
 from infer.api.chat import ReplyParser
-from infer.api.responses import Head, ResponseBuilder
+from infer.api.messages import ChatMessage
+from infer.api.responses.bodies import Head, ResponseBuilder
+from infer.api.responses.models import ResponsesRequest
 from infer.api.tools import ToolPlan
-from infer.server.schemas import ChatMessage, ResponsesRequest
-from infer.server.store import ResponseStore
+from infer.server.host.store import ResponseStore
 
 
 def test_store_keeps_at_most_capacity_and_forgets_after_ttl() -> None:

@@ -78,11 +78,11 @@ def entropy(probs: torch.Tensor) -> float:
 )
 def test_invalid_params_name_the_field(field: str, value: Any) -> None:
     with pytest.raises(ValueError, match=field):
-        SamplingParams(**{field: value})
+        SamplingParams.checked(**{field: value})
 
 
 def test_valid_params_edges() -> None:
-    p = SamplingParams(
+    p = SamplingParams.checked(
         max_new_tokens=1,
         temperature=100.0,
         top_p=1.0,
@@ -93,7 +93,7 @@ def test_valid_params_edges() -> None:
     )
     assert p.stop == ["a"] * 8
     assert SamplingParams().stop == [] and SamplingParams().stop is not SamplingParams().stop
-    from_tuple = SamplingParams(stop=("x", "y"))  # type: ignore[arg-type]
+    from_tuple = SamplingParams.checked(stop=("x", "y"))
     assert from_tuple.stop == ["x", "y"]
 
 

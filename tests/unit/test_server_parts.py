@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from infer.api.errors import APIError, ErrorCode, error_body
 from infer.engine.prompts import check_size
 from infer.engine.request import Failure, Refusal, RequestError
-from infer.server import sse
 from infer.server.config import ServerConfig
-from infer.server.errors import APIError, ErrorCode
-from infer.server.limits import ApiKeys, RateLimiter
-from infer.server.metrics import Histogram, Metrics
+from infer.server.edge import framing as sse
+from infer.server.edge.access import ApiKeys, RateLimiter
+from infer.server.host.metrics import Histogram, Metrics
 from support.server import parse_sse
 
 
@@ -103,7 +103,7 @@ def test_every_error_code_is_defined_once_with_its_answer() -> None:
     assert all(c.value == c.name.lower() for c in ErrorCode)
     assert all(c.status >= 500 or not c.retryable or c.status == 429 for c in ErrorCode)
     error = APIError(ErrorCode.QUEUE_FULL)
-    assert (error.status, error.headers, error.body()["error"]["code"]) == (
+    assert (error.status, error.headers, error_body(error)["error"]["code"]) == (
         503,
         {"Retry-After": "1"},
         "queue_full",
@@ -157,7 +157,7 @@ def test_malloc_arenas_are_capped_unless_the_environment_says(monkeypatch) -> No
 
 async def test_a_resume_reader_never_skips_events_appended_while_it_sends() -> None:
     """Events logged while the reader is suspended sending its last batch come next."""
-    from infer.server.resume import ResumableStream
+    from infer.server.host.resume import ResumableStream
 
     stream = ResumableStream("job", "key", window_s=10, heartbeat_s=10)
 

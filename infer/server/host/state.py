@@ -13,19 +13,21 @@ from __future__ import annotations
 
 import gc
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
 import trio
 from quart import current_app
 
+from infer.api.errors import APIError, ErrorCode
 from infer.engine.engine import Engine
 from infer.server.config import ServerConfig
-from infer.server.errors import APIError, ErrorCode
-from infer.server.metrics import Metrics
-from infer.server.resume import ResumeRegistry
-from infer.server.store import ResponseStore
-from infer.server.worker import EngineWorker, SettlePolicy
+from infer.server.host.metrics import Metrics
+from infer.server.host.resume import ResumeRegistry
+from infer.server.host.store import ResponseStore
+from infer.server.host.worker import EngineWorker, SettlePolicy
 
 if TYPE_CHECKING:
     from infer.engine.grammar import GrammarCompiler
@@ -196,6 +198,16 @@ class ServerState:
         self._scope.cancel()
         if self._stopped is not None:
             await self._stopped.wait()
+
+
+@contextmanager
+def counting_refusals(state: ServerState) -> Iterator[None]:
+    """Count an :class:`APIError` raised in the block as a refused request."""
+    try:
+        yield
+    except APIError as e:
+        state.metrics.rejected[e.code.value] += 1
+        raise
 
 
 def get_state() -> ServerState:

@@ -16,7 +16,7 @@ import swagger_ui
 from quart import Blueprint, Response, send_from_directory
 from quart_schema import hide
 
-from infer.server.errors import APIError, ErrorCode
+from infer.api.errors import APIError, ErrorCode
 
 STATIC = Path(__file__).parent / "static"
 SWAGGER = Path(swagger_ui.__file__).parent / "static"

@@ -1,4 +1,5 @@
-"""OpenAI's completion and chat-completion objects, built from a request's outputs.
+"""OpenAI's completion and chat-completion objects, built from a request's outputs; their
+types are what ``/openapi.json`` documents.
 
 A streamed response is ``data: {chunk}`` events: per output of choice ``index``, a chunk
 with its new text (and log-probabilities), a last chunk with its ``finish_reason``, a usage
@@ -11,10 +12,113 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, Literal, NotRequired
+
+from pydantic import Field
+from typing_extensions import TypedDict
 
 from infer.api.chat import ReplyParser
+from infer.api.usage import Usage
 from infer.engine.request import Failure, FinishReason, Outcome, PromptLogprob, StepOutput
+
+
+class PromptTokenLogprob(TypedDict):
+    """One token of vLLM's `prompt_logprobs` entries (keyed by token id)."""
+
+    logprob: float
+    rank: int
+    decoded_token: str
+
+
+PromptLogprobs = list[dict[str, PromptTokenLogprob] | None]
+SCORED_PROMPT = Field(
+    description="with prompt_logprobs: null for the first prompt token, then each's"
+)
+
+
+class CompletionChoice(TypedDict):
+    index: int
+    text: str
+    logprobs: dict[str, Any] | None
+    finish_reason: str | None
+    prompt_logprobs: NotRequired[Annotated[PromptLogprobs | None, SCORED_PROMPT]]
+
+
+class CompletionResponse(TypedDict):
+    """`POST /v1/completions` with `stream: false`."""
+
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage
+
+
+class OutputFunction(TypedDict):
+    name: str
+    arguments: str  # a JSON text that fits the tool's schema
+
+
+class OutputCall(TypedDict):
+    id: str
+    type: Literal["function"]
+    function: OutputFunction
+
+
+class AssistantMessage(TypedDict):
+    role: Literal["assistant"]
+    content: str | None  # null when the reply is only tool calls
+    tool_calls: NotRequired[list[OutputCall]]
+    reasoning_content: NotRequired[str]  # a thinking template's reasoning block
+    reasoning: NotRequired[str]  # the same text, under vLLM's newer name
+
+
+class ChatChoice(TypedDict):
+    index: int
+    message: AssistantMessage
+    logprobs: dict[str, Any] | None
+    finish_reason: str | None
+    prompt_logprobs: NotRequired[Annotated[PromptLogprobs | None, SCORED_PROMPT]]
+
+
+class ChatCompletionResponse(TypedDict):
+    """`POST /v1/chat/completions` with `stream: false`."""
+
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class ModelCard(TypedDict):
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+    max_model_len: int | None  # None while the model loads (its context decides it)
+
+
+class ModelList(TypedDict):
+    object: Literal["list"]
+    data: list[ModelCard]
+
+
+def model_list(names: Sequence[str], max_model_len: int | None) -> ModelList:
+    """`/v1/models`: the served model under each of its names."""
+    cards: list[ModelCard] = [
+        {
+            "id": name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "infer",
+            "max_model_len": max_model_len,
+        }
+        for name in names
+    ]
+    return {"object": "list", "data": cards}
 
 
 @dataclass(frozen=True)
@@ -123,7 +227,7 @@ def error_chunk(code: str, message: str) -> dict[str, Any]:
     return {"error": {"message": message, "type": "server_error", "code": code}}
 
 
-def usage_chunk(head: Head, usage: dict[str, Any]) -> dict[str, Any]:
+def usage_chunk(head: Head, usage: Usage) -> dict[str, Any]:
     """The chunk after the last one when ``stream_options.include_usage`` is set."""
     body = head._fields(head.chunk_kind)
     body.update(choices=[], usage=usage)
@@ -174,12 +278,12 @@ def echo_logprobs(prompt: PromptScores, top: int | None) -> dict[str, Any]:
     }
 
 
-def vllm_prompt_logprobs(prompt: PromptScores, k: int) -> list[dict[str, Any] | None]:
+def vllm_prompt_logprobs(prompt: PromptScores, k: int) -> PromptLogprobs:
     """vLLM's ``prompt_logprobs``: ``null`` for the first token, then per token
     ``{token_id: {"logprob", "rank", "decoded_token"}}`` for its top ``k`` and itself."""
-    result: list[dict[str, Any] | None] = [None]
+    result: PromptLogprobs = [None]
     for s in prompt.scores:
-        entries = {
+        entries: dict[str, PromptTokenLogprob] = {
             str(t): {"logprob": v, "rank": rank, "decoded_token": prompt.texts[t]}
             for rank, (t, v) in enumerate(s.top[:k], start=1)
         }
@@ -203,14 +307,14 @@ class Choice:
     prompt: PromptScores | None = None  # its scored prompt, when asked
 
 
-def message(c: Choice) -> dict[str, Any]:
+def message(c: Choice) -> AssistantMessage:
     """The assistant message of a chat choice: content (``null`` when the reply is only
     tool calls), its complete tool calls, and its reasoning in both fields clients read."""
     if c.reply is None:
         return {"role": "assistant", "content": c.text}
     calls = c.reply.calls
     content = c.reply.content
-    msg: dict[str, Any] = {"role": "assistant", "content": content or (None if calls else "")}
+    msg: AssistantMessage = {"role": "assistant", "content": content or (None if calls else "")}
     if calls:
         msg["tool_calls"] = [
             {"id": k.id, "type": "function", "function": {"name": k.name, "arguments": k.arguments}}
@@ -221,30 +325,67 @@ def message(c: Choice) -> dict[str, Any]:
     return msg
 
 
-def body(
-    head: Head, choices: Sequence[Choice], usage: dict[str, Any], echo: Sequence[str] | None = None
-) -> dict[str, Any]:
-    """The body of a non-streamed response: one choice per item, in index order."""
-    items = []
+def completion_body(
+    head: Head, choices: Sequence[Choice], usage: Usage, echo: Sequence[str] | None = None
+) -> CompletionResponse:
+    """The body of a non-streamed completion: one choice per item, in index order."""
+    items: list[CompletionChoice] = []
     for index, c in enumerate(choices):
         echoed = echo[index] if echo is not None else ""
-        text = echoed + c.text
-        content: dict[str, Any] = {"message": message(c)} if head.chat else {"text": text}
-        lps = None
-        if head.top_logprobs is not None:
-            lps = logprobs_of(head, c.outputs, len(echoed))
-            if head.echo_scores and c.prompt is not None:
-                lps = join_logprobs(echo_logprobs(c.prompt, head.top_logprobs), lps)
-        item = {"index": index, **content, "logprobs": lps, "finish_reason": c.finish_reason}
+        item: CompletionChoice = {
+            "index": index,
+            "text": echoed + c.text,
+            "logprobs": _choice_logprobs(head, c, len(echoed)),
+            "finish_reason": c.finish_reason,
+        }
         if head.prompt_logprobs is not None:
-            prompt = c.prompt
-            item["prompt_logprobs"] = (
-                vllm_prompt_logprobs(prompt, head.prompt_logprobs) if prompt else None
-            )
+            item["prompt_logprobs"] = _scored(head.prompt_logprobs, c)
         items.append(item)
-    result = head._fields("chat.completion" if head.chat else "text_completion")
-    result.update(choices=items, usage=usage)
-    return result
+    return {
+        "id": head.id,
+        "object": "text_completion",
+        "created": head.created,
+        "model": head.model,
+        "choices": items,
+        "usage": usage,
+    }
+
+
+def chat_body(head: Head, choices: Sequence[Choice], usage: Usage) -> ChatCompletionResponse:
+    """The body of a non-streamed chat completion: one choice per item, in index order."""
+    items: list[ChatChoice] = []
+    for index, c in enumerate(choices):
+        item: ChatChoice = {
+            "index": index,
+            "message": message(c),
+            "logprobs": _choice_logprobs(head, c, 0),
+            "finish_reason": c.finish_reason,
+        }
+        if head.prompt_logprobs is not None:
+            item["prompt_logprobs"] = _scored(head.prompt_logprobs, c)
+        items.append(item)
+    return {
+        "id": head.id,
+        "object": "chat.completion",
+        "created": head.created,
+        "model": head.model,
+        "choices": items,
+        "usage": usage,
+    }
+
+
+def _choice_logprobs(head: Head, c: Choice, offset: int) -> dict[str, Any] | None:
+    """A choice's ``logprobs`` (an echo with scores starts with its prompt's tokens)."""
+    if head.top_logprobs is None:
+        return None
+    lps = logprobs_of(head, c.outputs, offset)
+    if head.echo_scores and c.prompt is not None:
+        lps = join_logprobs(echo_logprobs(c.prompt, head.top_logprobs), lps)
+    return lps
+
+
+def _scored(k: int, c: Choice) -> PromptLogprobs | None:
+    return vllm_prompt_logprobs(c.prompt, k) if c.prompt else None
 
 
 def join_logprobs(first: dict[str, Any], then: dict[str, Any]) -> dict[str, Any]:

@@ -28,8 +28,8 @@ import trio
 from infer.engine.engine import Engine
 from infer.engine.params import SamplingParams
 from infer.engine.request import Failure, StepOutput, TraceSpec
-from infer.server.metrics import Metrics
-from infer.server.stream import RequestStream
+from infer.server.host.metrics import Metrics
+from infer.server.host.stream import RequestStream
 
 log = logging.getLogger("infer.server")
 

@@ -22,9 +22,9 @@ from typing import Any
 
 import trio
 
-from infer.api import native
-from infer.server import sse
-from infer.server.errors import APIError, ErrorCode
+from infer.api.errors import APIError, ErrorCode
+from infer.api.native import bodies as native
+from infer.server.edge import framing as sse
 
 
 def fingerprint(body: Any) -> str:

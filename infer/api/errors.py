@@ -1,25 +1,21 @@
-"""Every error a client can see, and how it is answered: one table, :class:`ErrorCode`.
+"""Every error a client can see: one table, :class:`ErrorCode`, and :class:`APIError`.
 
 The engine reports its own outcomes (:class:`~infer.engine.request.Failure`,
 :class:`~infer.engine.request.Refusal`); here each, and every refusal at the HTTP edge, gets
-its stable wire code, HTTP status, error type, retryability and message. Errors before a
-stream starts are JSON, ``{"error": {"message", "type", "code"}}``; no traceback ever reaches
-a client: an unexpected exception is logged and answered with a generic 500.
+its stable wire code, HTTP status, error type, retryability and message. How an error reads
+on the wire is its protocol's: each package under :mod:`infer.api` has its error-body
+builder (OpenAI's ``{"error": {"message", "type", "code"}}``), and the server's edge answers
+a request in the shape of the protocol it called.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 from enum import StrEnum
-from typing import Any
 
-from quart import Quart, Response, jsonify
-from werkzeug.exceptions import HTTPException
+from typing_extensions import TypedDict
 
 from infer.engine.request import Failure, Refusal
-
-log = logging.getLogger("infer.server")
 
 ERROR_TYPES = {
     400: "invalid_request_error",
@@ -101,17 +97,8 @@ class ErrorCode(StrEnum):
         return "length" if self is ErrorCode.TIMEOUT else "error"
 
 
-# The codes of the HTTP errors Quart raises itself (routing, body size, timeouts).
-_HTTP_CODES = {
-    404: ErrorCode.NOT_FOUND,
-    405: ErrorCode.METHOD_NOT_ALLOWED,
-    408: ErrorCode.REQUEST_TIMEOUT,
-    413: ErrorCode.BODY_TOO_LARGE,
-}
-
-
 class APIError(Exception):
-    """An error answered as JSON with a stable code.
+    """An error answered with a stable code, in the shape of the caller's protocol.
 
     Args:
         code: What went wrong; it gives the status, and the message unless one is given.
@@ -137,43 +124,24 @@ class APIError(Exception):
 
     @property
     def type(self) -> str:
+        """The error's type, by its status (OpenAI's names)."""
         default = "server_error" if self.status >= 500 else "invalid_request_error"
         return ERROR_TYPES.get(self.status, default)
 
-    def body(self) -> dict[str, Any]:
-        """The error object every JSON error (and OpenAI stream error chunk) carries."""
-        return {"error": {"message": self.message, "type": self.type, "code": self.code.value}}
+
+class ErrorDetail(TypedDict):
+    message: str
+    type: str
+    code: str
 
 
-def error_response(error: APIError) -> Response:
-    """The JSON response for an :class:`APIError`."""
-    response = jsonify(error.body())
-    response.status_code = error.status
-    response.headers.update(error.headers)
-    return response
+class ErrorResponse(TypedDict):
+    """Every error before a stream starts (4xx, 5xx)."""
+
+    error: ErrorDetail
 
 
-def register_error_handlers(app: Quart) -> None:
-    """Answer every error raised while handling a request with the JSON error shape."""
-
-    @app.errorhandler(APIError)
-    async def _api_error(error: APIError) -> Response:
-        return error_response(error)
-
-    @app.errorhandler(HTTPException)
-    async def _http_error(error: HTTPException) -> Response:
-        status = error.code or 500
-        code = _HTTP_CODES.get(status, ErrorCode.INVALID_REQUEST)
-        message = (
-            code.message
-            if code is not ErrorCode.INVALID_REQUEST
-            else (error.description or error.name)
-        )
-        allowed = getattr(error, "valid_methods", None)
-        headers = {"Allow": ", ".join(allowed)} if status == 405 and allowed else None
-        return error_response(APIError(code, message, headers, status=status))
-
-    @app.errorhandler(Exception)
-    async def _unexpected(error: Exception) -> Response:
-        log.exception("unhandled error", exc_info=error)
-        return error_response(APIError(ErrorCode.INTERNAL_ERROR))
+def error_body(error: APIError) -> ErrorResponse:
+    """The error body of OpenAI's routes and infer's own: ``{"error": {"message", "type",
+    "code"}}`` (also what an OpenAI stream's error chunk carries)."""
+    return {"error": {"message": error.message, "type": error.type, "code": error.code.value}}

@@ -22,9 +22,10 @@ from typing import Any
 
 import trio
 
+from infer.api.errors import ErrorCode
+from infer.api.usage import Counts
 from infer.engine.request import Failure, StepOutput
-from infer.server.errors import ErrorCode
-from infer.server.metrics import Metrics
+from infer.server.host.metrics import Metrics
 
 SLOW_CLIENT = "the client is not reading its stream fast enough"
 
@@ -58,7 +59,7 @@ class StreamStats:
 class RequestStream:
     """The outputs of one request's choices, in the order each choice produced them.
 
-    Built by :meth:`EngineWorker.submit <infer.server.worker.EngineWorker.submit>`; use it as a
+    Built by :meth:`EngineWorker.submit <infer.server.host.worker.EngineWorker.submit>`; use it as a
     context manager in the task that reads it.
 
     Args:
@@ -227,26 +228,24 @@ class RequestStream:
         """The server could not go on with this stream (a bug, logged): end it as an error."""
         self.close(client_gone=False)
 
-    def usage(self) -> dict[str, Any]:
-        """OpenAI-style token counts of what was read: each prompt once, every choice, how
-        many prompt tokens the prefix cache served (``prompt_tokens_details``) and, for a
-        request with a prediction, how much of it was used (``completion_tokens_details``)."""
+    def counts(self) -> Counts:
+        """Token counts of what was read: each prompt once, every choice, how many prompt
+        tokens the prefix cache served and, for a request with a prediction, how much of it
+        was used."""
         per_prompt = len(self.choices) // self.prompts
         firsts = self.choices[::per_prompt]
-        prompt = sum(c.prompt_tokens for c in firsts)
-        completion = sum(c.tokens for c in self.choices)
-        usage: dict[str, Any] = {
-            "prompt_tokens": prompt,
-            "completion_tokens": completion,
-            "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": sum(c.cached_tokens for c in firsts)},
-        }
+        prediction = None
         if self.predicted:
-            usage["completion_tokens_details"] = {
-                "accepted_prediction_tokens": sum(c.accepted_prediction for c in self.choices),
-                "rejected_prediction_tokens": sum(c.rejected_prediction for c in self.choices),
-            }
-        return usage
+            prediction = (
+                sum(c.accepted_prediction for c in self.choices),
+                sum(c.rejected_prediction for c in self.choices),
+            )
+        return Counts(
+            sum(c.prompt_tokens for c in firsts),
+            sum(c.tokens for c in self.choices),
+            sum(c.cached_tokens for c in firsts),
+            prediction,
+        )
 
     # --- the worker's side ----------------------------------------------------------------
 

@@ -18,13 +18,43 @@ Every event carries its ``type`` and a ``sequence_number`` from 0; the stream is
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, cast
+
+from pydantic import Field
+from typing_extensions import TypedDict
 
 from infer.api.chat import ReplyDelta, ReplyParser
 from infer.api.tools import Call
+from infer.api.usage import Counts
 
 Status = Literal["in_progress", "completed", "incomplete", "failed"]
+ItemStatus = Literal["in_progress", "completed", "incomplete"]
 Event = dict[str, Any]
+
+
+class Reasoning(TypedDict):
+    effort: str | None
+    summary: str | None
+
+
+class Echo(TypedDict):
+    """The request fields a response object repeats."""
+
+    instructions: str | None
+    max_output_tokens: int | None
+    metadata: dict[str, str]
+    parallel_tool_calls: bool
+    previous_response_id: str | None
+    reasoning: Reasoning
+    store: bool
+    temperature: float
+    text: dict[str, Any]
+    tool_choice: str | dict[str, str]
+    tools: list[dict[str, Any]]
+    top_p: float
+    truncation: Literal["disabled"]
+    user: str | None
+    background: bool
 
 
 @dataclass(frozen=True)
@@ -42,22 +72,107 @@ class Head:
     id: str
     created_at: int
     model: str
-    echo: dict[str, Any] = field(default_factory=dict)
+    echo: Echo | None = field(default=None)
 
 
-def usage(counts: dict[str, Any], reasoning_tokens: int = 0) -> dict[str, Any]:
-    """The Responses ``usage`` of a chat-style usage (``prompt_tokens``...)."""
-    details = counts.get("prompt_tokens_details") or {}
+class InputTokensDetails(TypedDict):
+    cached_tokens: Annotated[int, Field(description="input tokens served from the prefix cache")]
+
+
+class OutputTokensDetails(TypedDict):
+    reasoning_tokens: int
+
+
+class ResponseUsage(TypedDict):
+    input_tokens: int
+    input_tokens_details: InputTokensDetails
+    output_tokens: int
+    output_tokens_details: OutputTokensDetails
+    total_tokens: int
+
+
+def usage(counts: Counts, reasoning_tokens: int = 0) -> ResponseUsage:
+    """The Responses ``usage`` of what a request used."""
     return {
-        "input_tokens": counts["prompt_tokens"],
-        "input_tokens_details": {"cached_tokens": details.get("cached_tokens", 0)},
-        "output_tokens": counts["completion_tokens"],
+        "input_tokens": counts.prompt_tokens,
+        "input_tokens_details": {"cached_tokens": counts.cached_tokens},
+        "output_tokens": counts.completion_tokens,
         "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
-        "total_tokens": counts["total_tokens"],
+        "total_tokens": counts.prompt_tokens + counts.completion_tokens,
     }
 
 
-def message_item(item_id: str, text: str, status: Status) -> dict[str, Any]:
+class OutputText(TypedDict):
+    type: Literal["output_text"]
+    text: str
+    annotations: list[Any]
+    logprobs: list[Any]
+
+
+class ReasoningText(TypedDict):
+    type: Literal["reasoning_text"]
+    text: str
+
+
+class OutputMessage(TypedDict):
+    """An assistant `message` item with its one `output_text` part."""
+
+    id: str
+    type: Literal["message"]
+    role: Literal["assistant"]
+    status: ItemStatus
+    content: list[OutputText]
+
+
+class OutputFunctionCall(TypedDict):
+    """A `function_call` item (`arguments`: the JSON text read so far)."""
+
+    id: str
+    type: Literal["function_call"]
+    call_id: str
+    name: str
+    arguments: str
+    status: ItemStatus
+
+
+class OutputReasoning(TypedDict):
+    """A `reasoning` item: the reasoning block's text as its content."""
+
+    id: str
+    type: Literal["reasoning"]
+    summary: list[Any]
+    content: list[ReasoningText]
+    status: ItemStatus
+
+
+OutputItem = OutputMessage | OutputFunctionCall | OutputReasoning
+
+
+class ResponseError(TypedDict):
+    code: str
+    message: str
+
+
+class IncompleteDetails(TypedDict):
+    reason: str
+
+
+class ResponseObject(Echo):
+    """`POST /v1/responses` with `stream: false` (streamed: the same object ends the
+    `response.completed`/`response.incomplete`/`response.failed` event)."""
+
+    id: str
+    object: Literal["response"]
+    created_at: int
+    status: Status
+    error: ResponseError | None
+    incomplete_details: IncompleteDetails | None
+    model: str
+    output: list[OutputItem]
+    usage: ResponseUsage | None
+
+
+def message_item(item_id: str, text: str, status: ItemStatus) -> OutputMessage:
     """An assistant ``message`` item with its one ``output_text`` part."""
     return {
         "id": item_id,
@@ -68,7 +183,7 @@ def message_item(item_id: str, text: str, status: Status) -> dict[str, Any]:
     }
 
 
-def call_item(item_id: str, call: Call, arguments: str, status: Status) -> dict[str, Any]:
+def call_item(item_id: str, call: Call, arguments: str, status: ItemStatus) -> OutputFunctionCall:
     """A ``function_call`` item (``arguments``: the JSON text read so far)."""
     return {
         "id": item_id,
@@ -80,14 +195,16 @@ def call_item(item_id: str, call: Call, arguments: str, status: Status) -> dict[
     }
 
 
-def reasoning_item(item_id: str, text: str, status: Status) -> dict[str, Any]:
+def reasoning_item(item_id: str, text: str, status: ItemStatus) -> OutputReasoning:
     """A ``reasoning`` item: the reasoning block's text as its content (no summary is
     written: the text is given whole)."""
-    content = [{"type": "reasoning_text", "text": text}] if text or status != "in_progress" else []
+    content: list[ReasoningText] = (
+        [{"type": "reasoning_text", "text": text}] if text or status != "in_progress" else []
+    )
     return {"id": item_id, "type": "reasoning", "summary": [], "content": content, "status": status}
 
 
-def _text_part(text: str) -> dict[str, Any]:
+def _text_part(text: str) -> OutputText:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
@@ -110,7 +227,7 @@ class ResponseBuilder:
 
     def __init__(self, head: Head) -> None:
         self.head = head
-        self.output: list[dict[str, Any]] = []
+        self.output: list[OutputItem] = []
         self._seq = 0
         self._open: _Open | None = None
         self._calls: dict[int, tuple[int, str]] = {}  # call index -> (output index, arguments)
@@ -119,24 +236,27 @@ class ResponseBuilder:
     def response(
         self,
         status: Status,
-        usage: dict[str, Any] | None = None,
-        error: dict[str, Any] | None = None,
-    ) -> dict[str, Any]:
+        usage: ResponseUsage | None = None,
+        error: ResponseError | None = None,
+    ) -> ResponseObject:
         """The response object as it stands (``status`` and, once known, ``usage``)."""
-        return {
+        incomplete: IncompleteDetails | None = (
+            {"reason": "max_output_tokens"} if status == "incomplete" else None
+        )
+        response: dict[str, Any] = {
             "id": self.head.id,
             "object": "response",
             "created_at": self.head.created_at,
             "status": status,
             "error": error,
-            "incomplete_details": {"reason": "max_output_tokens"}
-            if status == "incomplete"
-            else None,
+            "incomplete_details": incomplete,
             "model": self.head.model,
             "output": [dict(item) for item in self.output],
             "usage": usage,
-            **self.head.echo,
         }
+        if self.head.echo is not None:
+            response.update(self.head.echo)
+        return cast(ResponseObject, response)  # the echo is left out only in tests
 
     def start(self) -> list[Event]:
         """``response.created`` and ``response.in_progress``."""
@@ -160,12 +280,13 @@ class ResponseBuilder:
             self._call_objects[call.index] = call
             index, arguments = self._calls[call.index]
             self._calls[call.index] = (index, arguments + piece)
-            self.output[index]["arguments"] = arguments + piece
+            item_id = self.output[index]["id"]
+            self.output[index] = call_item(item_id, call, arguments + piece, "in_progress")
             if piece:
                 events.append(
                     self._event(
                         "response.function_call_arguments.delta",
-                        item_id=self.output[index]["id"],
+                        item_id=item_id,
                         output_index=index,
                         delta=piece,
                     )
@@ -176,19 +297,19 @@ class ResponseBuilder:
         self,
         reply: ReplyParser,
         status: Status,
-        usage: dict[str, Any] | None,
-        error: dict[str, Any] | None = None,
+        usage: ResponseUsage | None,
+        error: ResponseError | None = None,
     ) -> list[Event]:
         """Close every item and end with the one terminal event.
 
         A call read to its end is ``completed``; one cut off part-way is ``incomplete``.
         ``status`` is ``completed``, ``incomplete`` (the token limit) or ``failed``.
         """
-        item_status: Status = "completed" if status == "completed" else "incomplete"
+        item_status: ItemStatus = "completed" if status == "completed" else "incomplete"
         events = self._close_text(item_status)
         complete = {c.index for c in reply.calls}
         for call_index, (index, arguments) in sorted(self._calls.items()):
-            done: Status = "completed" if call_index in complete else "incomplete"
+            done: ItemStatus = "completed" if call_index in complete else "incomplete"
             call = self._call_objects[call_index]
             item = call_item(self.output[index]["id"], call, arguments, done)
             self.output[index] = item
@@ -205,10 +326,6 @@ class ResponseBuilder:
         kind = {"completed": "completed", "incomplete": "incomplete"}.get(status, "failed")
         events.append(self._event(f"response.{kind}", response=self.response(status, usage, error)))
         return events
-
-    def calls(self) -> list[dict[str, Any]]:
-        """The ``function_call`` items written so far."""
-        return [item for item in self.output if item["type"] == "function_call"]
 
     def _event(self, kind: str, **fields: Any) -> Event:
         event = {"type": kind, "sequence_number": self._seq, **fields}
@@ -242,9 +359,11 @@ class ResponseBuilder:
         prefix = "rs" if kind == "reasoning" else "msg"
         item_id = f"{prefix}_{self.head.id.removeprefix('resp_')}_{index}"
         self._open = _Open(kind, index, item_id)
+        item: OutputItem
+        part: OutputText | ReasoningText
         if kind == "reasoning":
             item = reasoning_item(item_id, "", "in_progress")
-            part: dict[str, Any] = {"type": "reasoning_text", "text": ""}
+            part = {"type": "reasoning_text", "text": ""}
         else:
             item = message_item(item_id, "", "in_progress")
             part = _text_part("")
@@ -260,16 +379,18 @@ class ResponseBuilder:
             ),
         ]
 
-    def _close_text(self, status: Status = "completed") -> list[Event]:
+    def _close_text(self, status: ItemStatus = "completed") -> list[Event]:
         current = self._open
         if current is None:
             return []
         self._open = None
         index, item_id, text = current.index, current.item_id, current.text
         extra: dict[str, Any]
+        item: OutputItem
+        part: OutputText | ReasoningText
         if current.kind == "reasoning":
             item = reasoning_item(item_id, text, status)
-            part: dict[str, Any] = {"type": "reasoning_text", "text": text}
+            part = {"type": "reasoning_text", "text": text}
             name, extra = "response.reasoning_text.done", {}
         else:
             item = message_item(item_id, text, status)
@@ -300,6 +421,6 @@ class ResponseBuilder:
         return [self._event("response.output_item.added", output_index=index, item=dict(item))]
 
 
-def error(message: str) -> dict[str, Any]:
+def error(message: str) -> ResponseError:
     """The ``error`` of a failed response (OpenAI's code for a failure on its side)."""
     return {"code": "server_error", "message": message}

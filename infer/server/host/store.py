@@ -13,7 +13,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from infer.server.schemas import ChatMessage
+from infer.api.messages import ChatMessage
 
 
 @dataclass(frozen=True)

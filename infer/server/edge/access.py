@@ -1,4 +1,8 @@
-"""Who may call and how much: API keys, a per-client rate limit, CORS."""
+"""Who may call and how much: API keys, a per-client rate limit, CORS.
+
+A route's dialect (:class:`~infer.server.edge.errors.Dialect`) says which header carries
+its callers' key; refusals are answered in that dialect too.
+"""
 
 from __future__ import annotations
 
@@ -10,11 +14,12 @@ from collections.abc import Callable, Sequence
 
 from quart import Quart, Response, request
 
-from infer.server import pages
+from infer.api.errors import APIError, ErrorCode
+from infer.server import playground
 from infer.server.config import ServerConfig
-from infer.server.errors import APIError, ErrorCode, error_response
+from infer.server.edge.errors import dialect, error_response
 
-OPEN_PATHS = frozenset({"/health"})  # and the pages (pages.is_open)
+OPEN_PATHS = frozenset({"/health"})  # and the pages (playground.is_open)
 CORS_METHODS = "GET, POST, OPTIONS"
 CORS_HEADERS = "Authorization, Content-Type, Last-Event-ID"
 CORS_MAX_AGE = "600"
@@ -37,15 +42,17 @@ class ApiKeys:
     def enabled(self) -> bool:
         return bool(self._digests)
 
-    def check(self, authorization: str | None) -> None:
-        """Accept an ``Authorization`` header value.
+    def check(self, authorization: str | None, bearer: bool = True) -> None:
+        """Accept an ``Authorization`` header value (``bearer``), or a header that holds
+        the key alone.
 
         Raises:
             APIError: 401, the token is missing or wrong.
         """
         if not self.enabled:
             return
-        scheme, _, token = (authorization or "").partition(" ")
+        value = authorization or ""
+        scheme, _, token = value.partition(" ") if bearer else ("bearer", "", value)
         digest = hashlib.sha256(token.strip().encode()).digest()
         ok = False
         for expected in self._digests:
@@ -123,13 +130,16 @@ def install(app: Quart, config: ServerConfig) -> None:
     async def _guard() -> Response | None:
         if request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers:
             return _preflight(origins)
-        if request.path in OPEN_PATHS or (request.method == "GET" and pages.is_open(request.path)):
+        if request.path in OPEN_PATHS or (
+            request.method == "GET" and playground.is_open(request.path)
+        ):
             return None
+        speaks = dialect()
         try:
-            keys.check(request.headers.get("Authorization"))
+            keys.check(request.headers.get(speaks.key_header), speaks.bearer)
             if limiter is not None and request.method == "POST":
                 # Only a checked key identifies a client; any other header is free to vary.
-                token = request.headers.get("Authorization") if keys.enabled else None
+                token = request.headers.get(speaks.key_header) if keys.enabled else None
                 limiter.acquire(client_key(token, request.remote_addr))
         except APIError as e:
             return error_response(e)

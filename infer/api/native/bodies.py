@@ -1,4 +1,5 @@
-"""The native event stream of ``/v1/generate``, built from a request's outputs.
+"""The native event stream of ``/v1/generate``, built from a request's outputs, and the
+bodies of infer's other routes (their types are what ``/openapi.json`` documents).
 
 ``started`` → (``token`` [``trace``])* with ``metrics`` every N tokens → exactly one of
 ``done`` or ``error``. Output coalesced for a slow reader arrives as one ``token`` event
@@ -8,11 +9,41 @@ carrying several tokens' text (``count`` > 1, ``i`` the index of the last one).
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NotRequired
 
+from typing_extensions import TypedDict
+
+from infer.api.usage import Usage
 from infer.engine.request import FinishReason, StepOutput
 
 Event = tuple[dict[str, Any], str]  # payload, event name
+
+
+class StopResponse(TypedDict):
+    """`DELETE /v1/generate/{request_id}`: the request was stopped."""
+
+    request_id: str
+    stopped: bool
+
+
+class AttentionResponse(TypedDict):
+    """`POST /v1/inspect/attention`."""
+
+    layer: int
+    head: int
+    tokens: list[str]
+    attn: list[list[float]]
+
+
+class TokenizeResponse(TypedDict):
+    tokens: list[int]
+    count: int
+    max_model_len: int
+    token_strs: NotRequired[list[str]]
+
+
+class DetokenizeResponse(TypedDict):
+    prompt: str
 
 
 def started(request_id: str, model: str, created: int) -> Event:
@@ -51,12 +82,12 @@ def metrics_due(out: StepOutput, every: int | None) -> bool:
     return bool(every and out.num_tokens and tokens // every > (tokens - out.num_tokens) // every)
 
 
-def done(reason: FinishReason, usage: dict[str, Any]) -> Event:
+def done(reason: FinishReason, usage: Usage) -> Event:
     """The terminal event of a request that finished."""
     return {"finish_reason": reason.value, "usage": usage}, "done"
 
 
-def error(name: str, message: str, retryable: bool, usage: dict[str, Any] | None) -> Event:
+def error(name: str, message: str, retryable: bool, usage: Usage | None) -> Event:
     """The terminal event of a request that failed (``usage``: what it had made, if known)."""
     payload: dict[str, Any] = {"code": name, "message": message, "retryable": retryable}
     if usage is not None:

@@ -1,82 +1,43 @@
-"""From an HTTP request to a running :class:`RequestStream`: the one way in for every route.
+"""From an engine request to a running :class:`RequestStream`: the one way in for every route.
 
-:func:`parse_body` validates the JSON body against its pydantic model (the only place input
-is checked). :func:`admit` checks each limit once, encodes the prompts (in a thread: a chat
-template renders there too), gives each choice its sampling parameters, and submits them to
-the worker. Every refusal is an :class:`APIError` with its :class:`ErrorCode`, counted in the
-metrics.
+A route converts its validated body into an :class:`~infer.api.engine_request.EngineRequest`
+(its protocol package does); :func:`admit` checks each limit once, encodes the prompts (in a
+thread: a chat template renders there too), settles what depends on the served model (each
+choice's token limit, seed and grammar, the tools' call format), and submits the choices to
+the worker. Every refusal is an :class:`APIError` with its :class:`ErrorCode`, counted in
+the metrics.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import MutableMapping, Sequence
+import dataclasses
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any
 
 import trio
-from pydantic import BaseModel, ValidationError
-from quart import request
 
 from infer.api import tools
+from infer.api.engine_request import EngineRequest, Prompt
+from infer.api.errors import APIError, ErrorCode
 from infer.api.reasoning import Thinking, thinking, with_reasoning
 from infer.api.tools import ToolPlan
+from infer.api.writer import Ticket
 from infer.engine.engine import Engine
 from infer.engine.params import SamplingParams
 from infer.engine.prompts import encode_prompt
-from infer.engine.request import RequestError, TraceSpec
-from infer.server.asgi import on_request_end
-from infer.server.errors import APIError, ErrorCode
-from infer.server.schemas import ChatMessage, SamplingFields
-from infer.server.state import ServerState
-from infer.server.stream import RequestStream
-from infer.server.worker import QueueFullError
+from infer.engine.request import RequestError
+from infer.server.host.state import ServerState, counting_refusals
+from infer.server.host.stream import RequestStream
+from infer.server.host.worker import QueueFullError
 
 if TYPE_CHECKING:
     from infer.engine.grammar import Grammar, GrammarCompiler
-
-Body = TypeVar("Body", bound=BaseModel)
 
 SEED_MOD = 2**64
 # The default prompt text limit, per token of the max sequence length (code runs ~4)
 PROMPT_BYTES_PER_TOKEN = 16
 _SEED_STEP = 0x9E3779B97F4A7C15  # odd: choices of one seed never collide
-
-
-async def parse_body(model: type[Body]) -> Body:
-    """Read and validate the JSON body of the current request.
-
-    Raises:
-        APIError: ``INVALID_JSON`` for malformed JSON or a body that is not an object,
-            ``INVALID_VALUE`` for fields that fail validation (unknown fields included);
-            ``BODY_TOO_LARGE`` comes from the body limit.
-    """
-    raw = await request.get_data(as_text=False)
-    try:
-        data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise APIError(ErrorCode.INVALID_JSON, f"malformed JSON body: {e}") from None
-    except RecursionError:  # the decoder recurses once per nesting level
-        raise APIError(ErrorCode.INVALID_JSON, "the JSON body is nested too deeply") from None
-    if not isinstance(data, dict):
-        raise APIError(ErrorCode.INVALID_JSON, "the body must be a JSON object")
-    try:
-        return model.model_validate(data)
-    except ValidationError as e:
-        raise APIError(ErrorCode.INVALID_VALUE, validation_message(e)) from None
-
-
-def validation_message(error: ValidationError) -> str:
-    """A one-line summary of pydantic's errors, named by the client's field names."""
-    parts = []
-    for err in error.errors()[:3]:
-        loc = ".".join(str(p) for p in err["loc"])
-        if err["type"] == "extra_forbidden":
-            parts.append(f"unknown field {loc!r}")
-        else:
-            msg = err["msg"].removeprefix("Value error, ")
-            parts.append(f"{loc}: {msg}" if loc else msg)
-    return "; ".join(parts)
 
 
 def check_model(state: ServerState, model: str | None) -> None:
@@ -89,27 +50,18 @@ def check_model(state: ServerState, model: str | None) -> None:
         )
 
 
-@dataclass(frozen=True)
-class Prompt:
-    """One prompt of a request: text or token ids, or a conversation (with the tools it
-    offers and the template's variables)."""
-
-    text: str | list[int] | None = None
-    messages: Sequence[ChatMessage] | None = None
-    plan: ToolPlan | None = None
-    template_kwargs: dict[str, Any] | None = None
-
-    def template_tools(self) -> list[dict[str, Any]] | None:
-        """The tools the chat template renders itself (not for a generic template)."""
-        if self.plan is None or self.plan.format == "generic":
-            return None
-        return [t.as_openai() for t in self.plan.tools]
+def tool_plan(engine: Engine, choice: tools.ToolChoice | None) -> ToolPlan | None:
+    """The tools of a request in the call format of the served model's template."""
+    if choice is None:
+        return None
+    return choice.plan(getattr(engine.tokenizer, "chat_template", None))
 
 
 async def encode(
     state: ServerState,
     engine: Engine,
     prompts: Sequence[Prompt],
+    plan: ToolPlan | None = None,
     *,
     add_generation_prompt: bool = True,
     add_special_tokens: bool = False,
@@ -122,6 +74,8 @@ async def encode(
     """
     tokenizer, vocab = engine.tokenizer, engine.model.config.vocab_size
     max_bytes = prompt_bytes(state, engine)
+    rendered = None if plan is None or plan.format == "generic" else plan.tools
+    template_tools = [t.as_openai() for t in rendered] if rendered is not None else None
 
     def run() -> list[list[int]]:
         return [
@@ -129,8 +83,8 @@ async def encode(
                 tokenizer,
                 vocab,
                 p.text,
-                tools.template_turns(p.messages, p.plan) if p.messages is not None else None,
-                tools=p.template_tools(),
+                tools.template_turns(p.messages, plan) if p.messages is not None else None,
+                tools=template_tools,
                 template_kwargs=p.template_kwargs,
                 add_generation_prompt=add_generation_prompt,
                 add_special_tokens=add_special_tokens,
@@ -146,10 +100,16 @@ async def encode(
         raise refused(e) from None
 
 
+async def decode(state: ServerState, ids: list[int]) -> str:
+    """The text of ``ids`` (in a thread)."""
+    engine, _ = state.require_ready()
+    return str(await trio.to_thread.run_sync(engine.tokenizer.decode, ids))
+
+
 async def compile_format(
     state: ServerState,
     engine: Engine,
-    fields: SamplingFields,
+    schema: dict[str, Any] | None,
     plan: ToolPlan | None = None,
     thinking: Thinking | None = None,
 ) -> Grammar | None:
@@ -157,8 +117,8 @@ async def compile_format(
 
     Tool calls under ``auto`` get a lazy grammar: nothing is constrained until the model
     opens a call (:class:`~infer.api.tools.Openings`), then its calls must fit their tools'
-    schemas. ``required`` and a named tool constrain from the first token, and
-    ``response_format`` gets its JSON schema; either comes after a free reasoning block when
+    schemas. ``required`` and a named tool constrain from the first token, and a JSON
+    ``schema`` is followed from the first; either comes after a free reasoning block when
     the reply may think.
 
     The compiler (building it reads the whole vocabulary) is made by the first structured
@@ -167,7 +127,6 @@ async def compile_format(
     Raises:
         APIError: ``INVALID_SCHEMA`` when a schema cannot be compiled.
     """
-    schema = fields.json_schema()
     if schema is None and plan is None:
         return None
     from infer.engine.grammar import GrammarError  # xgrammar takes seconds to import
@@ -219,89 +178,53 @@ def choice_seed(seed: int | None, index: int) -> int | None:
 
 @dataclass
 class Admitted:
-    """A request the worker has taken: its stream, each prompt's ids, and whether a chat
-    reply starts with (or may open) a reasoning block."""
+    """A request the worker has taken: its stream, and what its writer reads of it."""
 
     stream: RequestStream
-    prompt_ids: list[list[int]]
-    thinking: Thinking | None = None
+    ticket: Ticket
 
 
 async def admit(
     state: ServerState,
-    prompts: Sequence[Prompt],
-    fields: SamplingFields,
-    *,
+    request: EngineRequest,
     arrival: float,
-    default_max_tokens: int,
-    n: int = 1,
-    logprobs: int = 0,
-    prompt_logprobs: int | None = None,
-    trace: TraceSpec | None = None,
-    timeout_s: float | None = None,
-    guard: bool = True,
+    on_end: Callable[[Callable[[], None]], None] | None = None,
 ) -> Admitted:
     """Encode, check and submit a request: ``n`` choices per prompt, prompt by prompt.
 
     Args:
         state: The server.
-        prompts: What to complete.
-        fields: The validated sampling fields.
+        request: What to generate, as the protocol's package converted it.
         arrival: ``trio.current_time()`` when the request arrived.
-        default_max_tokens: The token limit when the client set none (capped by the room
-            the context leaves).
-        n: Choices per prompt.
-        logprobs: Alternatives per token to report.
-        prompt_logprobs: Alternatives per prompt token to report; ``None``: the prompt is
-            not scored.
-        trace: Per-token traces (native streams).
-        timeout_s: The client's time limit (capped by ``max_timeout_s``).
-        guard: End the stream when this HTTP request ends unread (``False`` when something
-            else reads it: a resumable stream's producer).
+        on_end: Registers a callback for the end of the HTTP request, which fails the
+            stream if it is still open then (it was never read: the response failed before
+            its body, or the client left in that instant); ``None`` when something else
+            reads it (a resumable stream's producer).
 
     Raises:
         APIError: The request is refused (counted in the metrics).
     """
-    try:
+    with counting_refusals(state):
         engine, worker = state.require_ready()
-        check_model(state, fields.model)
+        check_model(state, request.model)
         vocab = engine.model.config.vocab_size
-        if fields.logit_bias and max(fields.logit_bias) >= vocab:
+        bias = request.params.logit_bias
+        if bias and max(bias) >= vocab:
             raise APIError(ErrorCode.INVALID_VALUE, f"logit_bias: token ids must be below {vocab}")
-        ids = await encode(state, engine, prompts)
-        thinking = _thinking(engine, prompts, ids)
-        grammar = await compile_format(state, engine, fields, prompts[0].plan, thinking)
-        choices: list[list[int]] = []
-        params: list[SamplingParams] = []
-        for prompt in ids:
-            limit = fields.limit()
-            room = engine.max_seq_len - len(prompt)
-            max_tokens = limit if limit is not None else min(default_max_tokens, room)
-            need = 0 if limit == 0 else max(max_tokens, 1)  # 0 asked for: the prompt is scored
-            try:
-                engine.check(len(prompt), need, trace)
-            except RequestError as e:
-                raise refused(e) from None
-            for _ in range(n):
-                choices.append(prompt)
-                params.append(
-                    fields.sampling_params(
-                        max_tokens,
-                        choice_seed(fields.seed, len(params)),
-                        logprobs,
-                        grammar,
-                        prompt_logprobs,
-                    )
-                )
-        prediction = await _prediction(state, engine, fields)
+        plan = tool_plan(engine, request.tools)
+        ids = await encode(state, engine, request.prompts, plan)
+        reasoning = _thinking(engine, request.prompts, ids)
+        grammar = await compile_format(state, engine, request.json_schema, plan, reasoning)
+        choices, params = _choices(engine, request, ids, grammar)
+        prediction = await _prediction(state, engine, request.prediction)
         state.require_ready()  # a drain or an engine failure may have begun meanwhile
         try:
             stream = worker.submit(
                 choices,
                 params,
                 arrival,
-                trace,
-                _timeout(state, timeout_s),
+                request.trace,
+                _timeout(state, request.timeout_s),
                 num_prompts=len(ids),
                 prediction=prediction,
             )
@@ -309,14 +232,47 @@ async def admit(
             raise APIError(
                 ErrorCode.QUEUE_FULL, f"the server is busy ({e}); retry shortly"
             ) from None
-    except APIError as e:
-        state.metrics.rejected[e.code.value] += 1
-        raise
-    # Still open when its HTTP request ends, the stream was never read: the response failed
-    # before its body (or the client left in that instant). Counted as an error.
-    if guard:
-        on_request_end(cast(MutableMapping[str, Any], request.scope), stream.fail)
-    return Admitted(stream, ids, thinking)
+    if on_end is not None:
+        on_end(stream.fail)
+    ticket = Ticket(
+        stream.id,
+        stream.stats.created,
+        state.model_name,
+        ids,
+        len(choices),
+        engine.tokenizer,
+        plan,
+        reasoning,
+    )
+    return Admitted(stream, ticket)
+
+
+def _choices(
+    engine: Engine, request: EngineRequest, ids: list[list[int]], grammar: Grammar | None
+) -> tuple[list[list[int]], list[SamplingParams]]:
+    """Each choice's prompt and sampling parameters, its token limit checked.
+
+    Raises:
+        APIError: A prompt and its limit do not fit (or a trace names no layer).
+    """
+    choices: list[list[int]] = []
+    params: list[SamplingParams] = []
+    limit, base = request.max_tokens, request.params
+    for prompt in ids:
+        room = engine.max_seq_len - len(prompt)
+        max_tokens = limit if limit is not None else min(request.default_max_tokens, room)
+        need = 0 if limit == 0 else max(max_tokens, 1)  # 0 asked for: the prompt is scored
+        try:
+            engine.check(len(prompt), need, request.trace)
+        except RequestError as e:
+            raise refused(e) from None
+        for _ in range(request.n):
+            seed = choice_seed(base.seed, len(params))
+            choices.append(prompt)
+            params.append(
+                dataclasses.replace(base, max_new_tokens=max_tokens, seed=seed, grammar=grammar)
+            )
+    return choices, params
 
 
 def prompt_bytes(state: ServerState, engine: Engine) -> int:
@@ -325,13 +281,10 @@ def prompt_bytes(state: ServerState, engine: Engine) -> int:
     return state.config.max_prompt_bytes or PROMPT_BYTES_PER_TOKEN * engine.max_seq_len
 
 
-async def _prediction(
-    state: ServerState, engine: Engine, fields: SamplingFields
-) -> list[int] | None:
+async def _prediction(state: ServerState, engine: Engine, text: str | None) -> list[int] | None:
     """The token ids of the request's ``prediction`` (size-checked as a prompt is)."""
-    if fields.prediction is None:
+    if text is None:
         return None
-    text = fields.prediction.text()
     if len(text.encode()) > (limit := prompt_bytes(state, engine)):
         raise APIError(
             ErrorCode.PROMPT_TOO_LARGE, f"prediction: larger than max_prompt_bytes ({limit})"

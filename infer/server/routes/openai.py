@@ -1,0 +1,54 @@
+"""OpenAI's completions and chat completions, and the model list: parse with the protocol's
+model, admit, hand the stream to its writer (:mod:`infer.api.openai`)."""
+
+from __future__ import annotations
+
+import trio
+from quart import Blueprint, Response, jsonify
+
+from infer.api.openai.bodies import (
+    ChatCompletionResponse,
+    CompletionResponse,
+    ModelList,
+    model_list,
+)
+from infer.api.openai.models import ChatCompletionRequest, CompletionRequest
+from infer.api.openai.writer import chat_writer, completion_writer
+from infer.server.edge.exchange import at_request_end, parse_body, respond
+from infer.server.edge.openapi import documented
+from infer.server.host.admission import admit
+from infer.server.host.state import get_state
+
+blueprint = Blueprint("openai", __name__)
+
+
+@blueprint.get("/v1/models")
+@documented("OpenAI", response=ModelList)
+async def models() -> Response:
+    """The served model, under each of its names, with its context length."""
+    state = get_state()
+    return jsonify(model_list(state.model_names, state.max_model_len))
+
+
+@blueprint.post("/v1/completions")
+@documented("OpenAI", CompletionRequest, CompletionResponse)
+async def completions() -> Response:
+    """Text completions of `prompt` (one or a list), `n` per prompt."""
+    arrival = trio.current_time()
+    body = await parse_body(CompletionRequest)
+    state = get_state()
+    admitted = await admit(state, body.engine_request(), arrival, at_request_end)
+    writer = completion_writer(body, admitted.ticket)
+    return await respond(admitted.stream, writer, state.config.heartbeat_s)
+
+
+@blueprint.post("/v1/chat/completions")
+@documented("OpenAI", ChatCompletionRequest, ChatCompletionResponse)
+async def chat_completions() -> Response:
+    """`n` assistant replies to `messages`, through the model's chat template."""
+    arrival = trio.current_time()
+    body = await parse_body(ChatCompletionRequest)
+    state = get_state()
+    admitted = await admit(state, body.engine_request(), arrival, at_request_end)
+    writer = chat_writer(body, admitted.ticket)
+    return await respond(admitted.stream, writer, state.config.heartbeat_s)

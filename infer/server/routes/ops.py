@@ -1,0 +1,108 @@
+"""What operators and gateways ask of a server: readiness, Prometheus metrics, and the model
+and limits in SGLang's shape (SGLang Model Gateway names its workers' model from them)."""
+
+from __future__ import annotations
+
+from quart import Blueprint, Response, jsonify
+from typing_extensions import TypedDict
+
+from infer import __version__
+from infer.api.openai.models import MAX_CHOICES
+from infer.engine.params import MAX_LOGPROBS
+from infer.server.edge.openapi import documented
+from infer.server.host.metrics import CONTENT_TYPE
+from infer.server.host.state import get_state
+
+blueprint = Blueprint("ops", __name__)
+
+
+class Health(TypedDict):
+    status: str
+    model: str
+    running: int
+    waiting: int
+
+
+@blueprint.get("/health")
+@documented("operations", response=Health)
+async def _health() -> tuple[Response, int]:
+    """Readiness: 200 once the model is loaded and the engine loop runs, else 503."""
+    state = get_state()
+    worker = state.worker
+    body = Health(
+        status=state.status.value,
+        model=state.model_name,
+        running=worker.running if worker else 0,
+        waiting=worker.waiting if worker else 0,
+    )
+    return jsonify(body), 200 if state.ready else 503
+
+
+@blueprint.get("/metrics")
+@documented("operations")
+async def _metrics() -> Response:
+    """Prometheus text exposition."""
+    state = get_state()
+    worker = state.worker
+    text = state.metrics.render(
+        running=worker.running if worker else 0,
+        waiting=worker.waiting if worker else 0,
+        ready=state.ready,
+        cache=state.engine.cache_stats() if state.engine is not None else None,
+    )
+    return Response(text, status=200, content_type=CONTENT_TYPE)
+
+
+@blueprint.get("/model_info")
+@blueprint.get("/get_model_info")
+@documented("operations")
+async def _model_info() -> Response:
+    """The model, in SGLang's shape (the gateway names its workers' model from it)."""
+    state = get_state()
+    engine, _ = state.require_ready()
+    config = engine.model.config
+    return jsonify(
+        {
+            "model_path": state.config.engine.model,
+            "tokenizer_path": state.config.engine.model,
+            "served_model_name": state.model_name,
+            "is_generation": True,
+            "supports_vision": False,
+            "model_type": config.architecture,
+            "architectures": [config.architecture],
+            "max_context_length": engine.max_seq_len,
+            "max_req_input_len": engine.max_seq_len - 1,
+            "vocab_size": config.vocab_size,
+            "num_hidden_layers": config.num_hidden_layers,
+            "num_attention_heads": config.num_attention_heads,
+            "eos_token_ids": sorted(engine.eos_token_ids),
+            "weight_version": "default",
+        }
+    )
+
+
+@blueprint.get("/server_info")
+@blueprint.get("/get_server_info")
+@documented("operations")
+async def _server_info() -> Response:
+    """The server's limits and version, in SGLang's shape."""
+    state = get_state()
+    engine, _ = state.require_ready()
+    return jsonify(
+        {
+            "model_path": state.config.engine.model,
+            "tokenizer_path": state.config.engine.model,
+            "served_model_name": state.model_name,
+            "served_model_names": list(state.model_names),
+            "context_length": engine.max_seq_len,
+            "max_running_requests": engine.config.max_batch_size,
+            "max_total_num_tokens": engine.blocks.num_blocks * engine.config.block_size,
+            "page_size": engine.config.block_size,
+            "dtype": engine.config.dtype,
+            "max_inspect_tokens": state.config.max_inspect_tokens,
+            "max_logprobs": MAX_LOGPROBS,
+            "max_choices": MAX_CHOICES,
+            "version": __version__,
+            "backend": "infer",
+        }
+    )

@@ -1,0 +1,31 @@
+"""OpenAI's Responses API (:mod:`infer.api.responses`): the input after the stored
+conversation ``previous_response_id`` names, one reply, stored for a later request."""
+
+from __future__ import annotations
+
+import trio
+from quart import Blueprint, Response
+
+from infer.api.responses.bodies import ResponseObject
+from infer.api.responses.models import ResponsesRequest
+from infer.api.responses.writer import responses_writer
+from infer.server.edge.exchange import at_request_end, parse_body, respond
+from infer.server.edge.openapi import documented
+from infer.server.host.admission import admit
+from infer.server.host.state import counting_refusals, get_state
+
+blueprint = Blueprint("responses", __name__)
+
+
+@blueprint.post("/v1/responses")
+@documented("OpenAI", ResponsesRequest, ResponseObject, statuses=(404,))
+async def create_response() -> Response:
+    """One assistant reply to `input`, as a Responses object or its event stream."""
+    arrival = trio.current_time()
+    body = await parse_body(ResponsesRequest)
+    state = get_state()
+    with counting_refusals(state):
+        conversation = body.conversation(state.responses.get)
+    admitted = await admit(state, body.engine_request(conversation), arrival, at_request_end)
+    writer = responses_writer(body, admitted.ticket, conversation, state.responses.put)
+    return await respond(admitted.stream, writer, state.config.heartbeat_s)
