@@ -2,7 +2,7 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-# See infer/__init__.py: OpenMP must not spin on a shared 2-core machine.
+# See infer/cli.py (quiet_openmp): OpenMP must not spin on a shared 2-core machine.
 export OMP_WAIT_POLICY ?= PASSIVE
 # README, Memory: two glibc malloc arenas keep the resident size from creeping up.
 export MALLOC_ARENA_MAX ?= 2

@@ -16,7 +16,6 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer
 
-import infer  # noqa: F401  (sets OMP_WAIT_POLICY before torch threads start)
 from infer.engine.grammar import GrammarCompiler
 from infer.engine.logit_processors import process_logits
 from infer.engine.params import SamplingParams

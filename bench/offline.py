@@ -21,7 +21,6 @@ from typing import Any
 
 import torch
 
-import infer  # noqa: F401  (sets OMP_WAIT_POLICY before torch threads start)
 from infer import kernels
 from infer.bench.workloads import BenchRequest, PromptSource, mixed_requests
 from infer.engine.config import DTYPES, WEIGHT_MODES, EngineConfig

@@ -15,7 +15,6 @@ import math
 import torch
 import torch.nn.functional as F
 
-import infer  # noqa: F401  (sets OMP_WAIT_POLICY before torch threads start)
 from infer.bench.workloads import SOURCE_TEXT
 from infer.models.loader import load_model
 

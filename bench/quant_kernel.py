@@ -19,7 +19,6 @@ import time
 
 import torch
 
-import infer  # noqa: F401  (sets OMP_WAIT_POLICY before torch threads start)
 from infer import kernels
 from infer.models.quant import QuantTensor, pack
 

@@ -343,13 +343,12 @@ def started(system: str, model: str) -> Iterator[str]:
         VLLM_STARTUP_TIMEOUT_S,
         default_llama_server,
         default_vllm_venv,
-        free_port,
         llama_server_command,
         running_server,
-        serve_command,
         vllm_command,
         vllm_env,
     )
+    from infer.procs import free_port, serve_command
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"

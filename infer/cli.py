@@ -1,29 +1,47 @@
-"""The `infer` command line: generate, serve, bench and cluster."""
+"""The `infer` command line: generate, serve, bench and cluster.
+
+Nothing here imports torch at import time: :func:`main` first sets how OpenMP waits
+(:func:`quiet_openmp`), which must be in the environment before torch loads libgomp.
+"""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import logging
+import os
 import re
 import sys
 import types
 import typing
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from pydantic import ValidationError
 
-from infer.engine.config import DTYPES, EngineConfig
-from infer.engine.detokenizer import IncrementalDetokenizer
-from infer.engine.generate import generate
 from infer.engine.params import DEFAULT_MAX_TOKENS, SamplingParams
-from infer.engine.prompts import encode_prompt
-from infer.models.loader import DEFAULT_SOURCE, LoadedModel, LoadError, load_model
+from infer.models.errors import LoadError
+
+if TYPE_CHECKING:
+    from infer.models.loader import LoadedModel
 
 EXIT_USAGE = 2  # argparse's code for bad arguments; also ours for bad models and parameters
 
 Command = Callable[[argparse.Namespace], int]
+
+
+def quiet_openmp() -> None:
+    """Make OpenMP's idle threads sleep instead of spinning (a value already set wins).
+
+    OpenMP's default wait policy spins at barriers: on a machine of few cores where anything
+    else runs (the event loop thread, a client, another process), a spinning thread waits
+    out a scheduler quantum for its descheduled partner. PASSIVE makes waiting threads
+    sleep; a short spin first (GOMP_SPINCOUNT) catches the next parallel region of the same
+    decode step without a futex wake (bench/results/LOG.md has the figures). Call it before
+    torch is imported.
+    """
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    os.environ.setdefault("GOMP_SPINCOUNT", "3000")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -36,6 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         The exit status: 0 on success, 2 when the model cannot be loaded or a parameter is
         invalid (a one-line message goes to stderr), 130 on Ctrl-C.
     """
+    quiet_openmp()
     args = build_parser().parse_args(argv)
     command: Command = args.command
     try:
@@ -63,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_model_args(parser: argparse.ArgumentParser) -> None:
     """Arguments every command that loads a model shares."""
+    from infer.engine.config import DTYPES
+    from infer.models.loader import DEFAULT_SOURCE
+
     parser.add_argument(
         "--model",
         default=DEFAULT_SOURCE,
@@ -101,6 +123,10 @@ def _add_generate(commands: argparse._SubParsersAction) -> None:
 
 
 def _generate(args: argparse.Namespace) -> int:
+    from infer.engine.config import DTYPES
+    from infer.engine.prompts import encode_prompt
+    from infer.models.loader import load_model
+
     params = SamplingParams.checked(
         max_new_tokens=args.max_tokens,
         temperature=args.temperature,
@@ -209,6 +235,7 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
         "to INFER_* environment variables (INFER_API_KEYS, INFER_CORS_ORIGINS, ...), then to "
         "the defaults. SIGINT/SIGTERM end open streams with a terminal event, then exit.",
     )
+    from infer.engine.config import EngineConfig
     from infer.server.config import ServerConfig
 
     add_config_flags(p.add_argument_group("server"), ServerConfig, skip=("engine",))
@@ -225,6 +252,7 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from infer.engine.config import EngineConfig
     from infer.server.config import ServerConfig
     from infer.server.serve import limit_malloc_arenas, run
 
@@ -371,6 +399,9 @@ def stream_completion(
     loaded: LoadedModel, prompt_ids: list[int], params: SamplingParams, out: TextIO
 ) -> None:
     """Generate a completion and write its text to ``out`` as it is produced."""
+    from infer.engine.detokenizer import IncrementalDetokenizer
+    from infer.engine.generate import generate
+
     detok = IncrementalDetokenizer(loaded.tokenizer, prompt_ids, stop=params.stop)
     for token in generate(loaded.model, prompt_ids, params, loaded.eos_token_ids):
         out.write(detok.add(token))

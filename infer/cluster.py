@@ -27,7 +27,7 @@ from types import FrameType
 
 import httpx
 
-from infer.bench.servers import free_port, serve_command
+from infer.procs import free_port, serve_command
 
 GATEWAY_BINARY = "sglang-router"
 POLICIES = ("cache_aware", "round_robin", "random", "power_of_two", "manual")

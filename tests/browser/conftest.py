@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Browser, ConsoleMessage, Page, Playwright, sync_playwright
 
-from infer.bench.servers import free_port, running_server, serve_command
+from infer.bench.servers import running_server
+from infer.procs import free_port, serve_command
 from support.browser import API_KEY, CHROMIUM, CHROMIUM_ARGS, DroppingProxy, Server, Watched
 
 

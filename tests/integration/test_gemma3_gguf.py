@@ -14,8 +14,9 @@ import httpx
 import pytest
 import torch
 
-from infer.bench.servers import free_port, running_server
+from infer.bench.servers import running_server
 from infer.models.loader import load_model
+from infer.procs import free_port
 
 PROMPT = "<start_of_turn>user\nName three colours.<end_of_turn>\n<start_of_turn>model\n"
 

@@ -17,12 +17,13 @@ import pytest
 import torch
 
 from infer import kernels
-from infer.bench.servers import free_port, running_server
+from infer.bench.servers import running_server
 from infer.bench.workloads import SOURCE_TEXT
 from infer.models import quant
 from infer.models.linear import QuantGatedLinear, QuantLinear
 from infer.models.loader import LoadedModel, load_model
 from infer.models.packaged import assemble
+from infer.procs import free_port
 
 NAME = "qwen2.5-coder-0.5b"
 CHAT = [{"role": "user", "content": "Write a Python function that adds two numbers."}]

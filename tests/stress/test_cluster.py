@@ -23,7 +23,8 @@ import httpx
 import pytest
 import trio
 
-from infer.bench.servers import free_port, infer_command, running_server
+from infer.bench.servers import infer_command, running_server
+from infer.procs import free_port
 
 pytestmark = pytest.mark.slow
 

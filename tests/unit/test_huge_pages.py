@@ -1,4 +1,4 @@
-"""Packed weights on 2 MB pages (infer/models/pages.py)."""
+"""Packed weights on 2 MB pages (infer/models/huge_pages.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import gc
 import pytest
 import torch
 
-from infer.models import pages, quant
+from infer.models import huge_pages, quant
 from infer.models.linear import Bf16GatedLinear, Bf16Linear, QuantGatedLinear, QuantLinear
 from infer.models.loader import LoadedModel
 from infer.models.quant import QuantTensor
@@ -33,7 +33,7 @@ def _mapping(address: int) -> dict[str, str] | None:
 
 def test_the_bytes_handed_out_are_zeroed_aligned_and_apart() -> None:
     sizes = [1, 100, 5000, 3 << 20, 70 << 20, 64]  # one larger than a chunk
-    got = [pages.empty(n) for n in sizes]
+    got = [huge_pages.empty(n) for n in sizes]
     for t, n in zip(got, sizes, strict=True):
         assert t.dtype == torch.uint8 and t.numel() == n
         assert t.data_ptr() % 64 == 0
@@ -46,22 +46,22 @@ def test_the_bytes_handed_out_are_zeroed_aligned_and_apart() -> None:
 
 def test_a_copy_keeps_the_values_dtype_and_shape() -> None:
     t = torch.randn(37, 129).bfloat16()
-    copy = pages.adopt(t)
+    copy = huge_pages.adopt(t)
     assert copy.dtype == t.dtype and copy.shape == t.shape and torch.equal(copy, t)
 
 
-@pytest.mark.skipif(not pages.available(), reason="this kernel gives no huge pages")
+@pytest.mark.skipif(not huge_pages.available(), reason="this kernel gives no huge pages")
 def test_memory_goes_back_when_its_tensors_are_gone() -> None:
-    first = pages.empty(80 << 20)  # a chunk of its own
+    first = huge_pages.empty(80 << 20)  # a chunk of its own
     address = first.data_ptr()
-    pages.empty(80 << 20)  # the next chunk: the arena lets go of the first
+    huge_pages.empty(80 << 20)  # the next chunk: the arena lets go of the first
     assert _mapping(address) is not None
     del first
     gc.collect()
     assert _mapping(address) is None, "a chunk no tensor uses is still mapped"
 
 
-@pytest.mark.skipif(not pages.available(), reason="this kernel gives no huge pages")
+@pytest.mark.skipif(not huge_pages.available(), reason="this kernel gives no huge pages")
 def test_packed_weights_lie_on_memory_advised_for_huge_pages(default_model: LoadedModel) -> None:
     n, k = 64, 256
     weight = QuantTensor(
