@@ -60,9 +60,12 @@ class _Arena:
             region.madvise(mmap.MADV_HUGEPAGE)
         except OSError:  # refused (a sandbox's seccomp, say): the memory serves on 4 KB pages
             pass
-        whole = torch.frombuffer(region, dtype=torch.uint8)  # keeps `region` mapped
-        start = -whole.data_ptr() % HUGE_PAGE
-        return whole[start : start + size]
+        # A plain tensor even when mapped under inference mode: later pieces are written
+        # outside it too.
+        with torch.inference_mode(False):
+            whole = torch.frombuffer(region, dtype=torch.uint8)  # keeps `region` mapped
+            start = -whole.data_ptr() % HUGE_PAGE
+            return whole[start : start + size]
 
 
 _arena = _Arena()
