@@ -177,7 +177,7 @@ template <typename T, bool kGelu>
 void gate_rows(const T* in, T* out, int64_t width, int64_t begin, int64_t end) {
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
   // bf16 by hand, with the activations the gated linear applies in its tiles: GCC's
-  // vectorization of the loop below ran at ~1 element per ns.
+  // vectorization of the loop below was slow (figures in bench/results/LOG.md).
   if constexpr (std::is_same_v<T, c10::BFloat16>) {
     for (int64_t r = begin; r < end; ++r) {
       const T* g = in + r * 2 * width;

@@ -33,9 +33,8 @@ struct Shape {
 };
 
 // Ask for a block before it is used: a sequence's blocks are scattered over the pool, so the
-// hardware prefetcher cannot guess them. Into L2 (prefetcht1), which keeps more misses in
-// flight than L1: one thread streamed the cache at 7 GB/s with prefetcht0 one block ahead,
-// 12 GB/s with prefetcht1 two blocks ahead (batch 64 x 512 positions, this Zen 4).
+// hardware prefetcher cannot guess them. Into L2 (prefetcht1), two blocks ahead: L2 keeps
+// more misses in flight than L1 (figures in bench/results/LOG.md).
 inline void prefetch(const void* p, int64_t bytes) {
   const char* c = static_cast<const char*>(p);
   for (int64_t i = 0; i < bytes; i += 64) __builtin_prefetch(c + i, 0, 2);

@@ -75,8 +75,8 @@ inline void pv_tile(const Geometry& g, int64_t h, const int32_t* table, const ui
 
 // Scores of 8 query rows (qrow: their q, as bf16 pairs) against key blocks [b, b + NB), unscaled,
 // into scores[i][b * 16 ...]. Each key load feeds 8 products and each broadcast of q NB: with
-// 16 rows x 1 block a broadcast fed one, and the loop ran at 79% of VDPBF16PS's peak (8 x 2,
-// one core, operands in L1: 99%).
+// 16 rows x 1 block a broadcast fed one, and the loop fell short of VDPBF16PS's peak
+// (figures in bench/results/LOG.md).
 template <int NB>
 inline void score_tile(const Geometry& g, int64_t h, const int32_t* table,
                        const int32_t* const* qrow, int64_t pairs, int64_t b, float* scores,

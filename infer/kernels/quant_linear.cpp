@@ -628,11 +628,9 @@ inline void group_dots(const Unit* u, int64_t g, const int32_t* const* xq, VI (&
   if constexpr (R == 1 && C == 1 && Bits != 8 && !Fold) {
     if (u[0].stream) {
       // One row reading one stream: the block in its two 256-bit halves (columns 0-7 and
-      // 8-15), as the 8-lane builds read it. The same integer sums. On Zen 5, in minutes
-      // when the memory was fast, the linears read 4-10% more so than on 512 bits, though
-      // slower with their weights in cache (loading each line on 512 bits and splitting it
-      // gained half as much); in slow minutes, the same. At 2-4 rows the halves are bound by
-      // their arithmetic: a decode step of 4 rows was 14% slower.
+      // 8-15), as the 8-lane builds read it. The same integer sums; one row reads its
+      // weights faster so when the memory is fast, while 2-4 rows are bound by their
+      // arithmetic and stay on 512 bits (figures in bench/results/LOG.md).
       Y::I lo = Y::zero(), hi = Y::zero();
 #pragma GCC unroll 16
       for (int st = 0; st < kSteps; ++st) {
@@ -1269,15 +1267,14 @@ at::Tensor linear_part(const at::Tensor& x, const at::Tensor& weight,
   }
   const int64_t blocks = l.n / kLanes;
   // A few rows are bound by reading the weights, and CPUs differ in which order reads
-  // fastest. On Intel (Emerald Rapids) one row's pass pairs a block of the first half with
-  // its twin in the second half, two streams far apart (a decode step of the 1.5B 3.5-5%
-  // faster than neighbouring blocks). On AMD (Zen 5) up to 4 rows read one stream per
-  // thread, block after block, a block a pass; a gated call there takes a gate block whole,
-  // then its up block (the next in memory), each into float sums, then the activation. On
-  // Zen 5 that made a decode step of 1 row 13-15% faster than far twins and gate beside up,
-  // and one of 4 rows 24%. Each column's numbers are the same whichever unit shares its
-  // pass. On 8 lanes a unit is half a block, half of each line: there a pass takes both
-  // halves of one block (twins far apart read every line twice, 4-7% slower).
+  // fastest (figures in bench/results/LOG.md). On Intel (Emerald Rapids) one row's pass
+  // pairs a block of the first half with its twin in the second half, two streams far
+  // apart. On AMD (Zen 5) up to 4 rows read one stream per thread, block after block, a
+  // block a pass; a gated call there takes a gate block whole, then its up block (the next
+  // in memory), each into float sums, then the activation. Each column's numbers are the
+  // same whichever unit shares its pass. On 8 lanes a unit is half a block, half of each
+  // line: there a pass takes both halves of one block (twins far apart would read every
+  // line twice).
   static const bool far_twins = __builtin_cpu_is("intel");
   const bool far = rows == 1 && far_twins && act == kNone && blocks % 2 == 0 && kW == kLanes;
   const bool one_stream = rows <= kRows && !far_twins;

@@ -3,8 +3,8 @@
 A decode step reads every packed weight once, front to back. On 4 KB pages that stream crosses
 a page every 4 KB: a TLB miss each time, and a point where the hardware prefetchers stop. On
 Linux's transparent huge pages (asked for with ``madvise(MADV_HUGEPAGE)`` before the memory is
-first touched, so the page faults take 2 MB pages) it crosses one every 2 MB. A batch-1 decode
-step of the 1.5B ran 8-10% faster so (figures in bench/results/LOG.md).
+first touched, so the page faults take 2 MB pages) it crosses one every 2 MB, and a decode step
+runs faster (figures in bench/results/LOG.md).
 
 :func:`empty` hands out zeroed bytes from chunks of anonymous memory so advised, one after the
 other. A chunk is unmapped when the last tensor in it is gone. Where the kernel offers no huge

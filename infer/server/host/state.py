@@ -122,12 +122,11 @@ class ServerState:
                     if self.engine is None:
                         return
                 # The model is served for the life of the app: put what loading left
-                # (~400k tracked objects: torch, transformers, the tokenizer) out of the
-                # cycle collector's reach, whoever loaded it (`infer serve` loads it before
-                # the app starts). Each full collection walked them all, stopping the engine
-                # and the event loop for ~150-200 ms once or twice a minute under load.
-                # Frozen objects are still freed by reference counting. vLLM freezes its
-                # startup heap the same way.
+                # (torch, transformers, the tokenizer) out of the cycle collector's reach,
+                # whoever loaded it (`infer serve` loads it before the app starts): each full
+                # collection walked it all, stopping the engine and the event loop (figures
+                # in bench/results/LOG.md). Frozen objects are still freed by reference
+                # counting. vLLM freezes its startup heap the same way.
                 gc.collect()
                 gc.freeze()
                 frozen = True
