@@ -290,7 +290,7 @@ def _add_bench(commands: argparse._SubParsersAction) -> None:
 
 
 def _add_cluster(commands: argparse._SubParsersAction) -> None:
-    from infer.cluster import POLICIES, STARTUP_TIMEOUT_S, STOP_TIMEOUT_S
+    from infer.cluster import STARTUP_TIMEOUT_S, STOP_TIMEOUT_S
 
     p = commands.add_parser(
         "cluster",
@@ -326,6 +326,29 @@ def _add_cluster(commands: argparse._SubParsersAction) -> None:
         default="127.0.0.1",
         help="the address local replicas bind (default: %(default)s)",
     )
+    _add_gateway_args(p)
+    p.add_argument(
+        "--startup-timeout",
+        type=float,
+        default=STARTUP_TIMEOUT_S,
+        metavar="S",
+        help="longest wait for the replicas, then for the gateway (default: %(default)s)",
+    )
+    p.add_argument(
+        "--stop-timeout",
+        type=float,
+        default=STOP_TIMEOUT_S,
+        metavar="S",
+        help="how long the pieces get to exit after SIGTERM before SIGKILL (default: %(default)s)",
+    )
+    p.add_argument("serve_args", nargs="*", metavar="-- SERVE_FLAGS", help=argparse.SUPPRESS)
+    p.set_defaults(command=_cluster)
+
+
+def _add_gateway_args(p: argparse.ArgumentParser) -> None:
+    """``infer cluster``'s flags for the gateway in front of the replicas."""
+    from infer.cluster import POLICIES
+
     p.add_argument(
         "--host", default="127.0.0.1", help="the gateway's address (default: %(default)s)"
     )
@@ -352,44 +375,29 @@ def _add_cluster(commands: argparse._SubParsersAction) -> None:
         help="a further `sglang-router launch` flag, e.g. --gateway-arg=--log-level=warn "
         "(repeatable)",
     )
-    p.add_argument(
-        "--startup-timeout",
-        type=float,
-        default=STARTUP_TIMEOUT_S,
-        metavar="S",
-        help="longest wait for the replicas, then for the gateway (default: %(default)s)",
-    )
-    p.add_argument(
-        "--stop-timeout",
-        type=float,
-        default=STOP_TIMEOUT_S,
-        metavar="S",
-        help="how long the pieces get to exit after SIGTERM before SIGKILL (default: %(default)s)",
-    )
-    p.add_argument("serve_args", nargs="*", metavar="-- SERVE_FLAGS", help=argparse.SUPPRESS)
-    p.set_defaults(command=_cluster)
 
 
 def _cluster(args: argparse.Namespace) -> int:
-    from infer.cluster import ClusterError, run_cluster
+    from infer.cluster import ClusterError, ClusterSpec, run_cluster
 
     serve_args = [*args.serve_arg, *(a for a in args.serve_args if a != "--")]
+    spec = ClusterSpec(
+        replicas=args.replicas,
+        worker_urls=args.worker_url,
+        model=args.model,
+        dtype=args.dtype,
+        serve_args=serve_args,
+        replica_host=args.replica_host,
+        host=args.host,
+        port=args.port,
+        policy=args.policy,
+        metrics_port=args.gateway_metrics_port,
+        gateway_args=args.gateway_arg,
+        startup_timeout_s=args.startup_timeout,
+        stop_timeout_s=args.stop_timeout,
+    )
     try:
-        return run_cluster(
-            replicas=args.replicas,
-            worker_urls=args.worker_url,
-            model=args.model,
-            dtype=args.dtype,
-            serve_args=serve_args,
-            replica_host=args.replica_host,
-            host=args.host,
-            port=args.port,
-            policy=args.policy,
-            metrics_port=args.gateway_metrics_port,
-            gateway_args=args.gateway_arg,
-            startup_timeout_s=args.startup_timeout,
-            stop_timeout_s=args.stop_timeout,
-        )
+        return run_cluster(spec)
     except ClusterError as e:
         print(f"infer cluster: error: {e}", file=sys.stderr)
         return 1

@@ -20,8 +20,10 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from types import FrameType
 
@@ -205,23 +207,9 @@ class Cluster:
                 pass
 
 
-def run_cluster(
-    *,
-    replicas: int,
-    worker_urls: Sequence[str],
-    model: str,
-    dtype: str,
-    serve_args: Sequence[str],
-    replica_host: str,
-    host: str,
-    port: int,
-    policy: str,
-    metrics_port: int,
-    gateway_args: Sequence[str] = (),
-    startup_timeout_s: float = STARTUP_TIMEOUT_S,
-    stop_timeout_s: float = STOP_TIMEOUT_S,
-) -> int:
-    """Run the cluster until SIGINT/SIGTERM or until a piece exits.
+@dataclass(frozen=True)
+class ClusterSpec:
+    """What ``infer cluster`` runs.
 
     Args:
         replicas: Local replicas to start (ignored when ``worker_urls`` is given).
@@ -237,6 +225,25 @@ def run_cluster(
         gateway_args: Further ``sglang-router launch`` flags.
         startup_timeout_s: Longest wait for the replicas, then for the gateway.
         stop_timeout_s: Longest wait for the pieces to exit after SIGTERM.
+    """
+
+    replicas: int
+    worker_urls: Sequence[str]
+    model: str
+    dtype: str
+    serve_args: Sequence[str]
+    replica_host: str
+    host: str
+    port: int
+    policy: str
+    metrics_port: int
+    gateway_args: Sequence[str] = ()
+    startup_timeout_s: float = STARTUP_TIMEOUT_S
+    stop_timeout_s: float = STOP_TIMEOUT_S
+
+
+def run_cluster(spec: ClusterSpec) -> int:
+    """Run the cluster until SIGINT/SIGTERM or until a piece exits.
 
     Returns:
         0 after a signal stopped it cleanly, 1 when a piece failed (a line on stderr says
@@ -246,47 +253,73 @@ def run_cluster(
         ClusterError: The gateway is not installed.
     """
     binary = gateway_binary()
-    if not worker_urls and replicas < 1:
+    if not spec.worker_urls and spec.replicas < 1:
         raise ValueError("--replicas must be at least 1")
+    cluster = Cluster(_say, spec.stop_timeout_s)
+    with _stopped_at_exit(cluster):
+        try:
+            urls = list(spec.worker_urls)
+            local: list[Piece] = []
+            if not urls:
+                serve = partial(
+                    serve_command, model=spec.model, dtype=spec.dtype, extra=spec.serve_args
+                )
+                local = start_replicas(cluster, spec.replicas, spec.replica_host, serve)
+                urls = [piece.url for piece in local]
+            if cluster.wait_ready(local, spec.startup_timeout_s):
+                for piece in local:
+                    _say(f"{piece.name}: {piece.url} (pid {piece.process.pid})")
+                _run_gateway(cluster, binary, spec, urls)
+            if cluster.signalled is not None:
+                name = signal.Signals(cluster.signalled).name
+                print(f"infer cluster: {name}: stopping", file=sys.stderr, flush=True)
+            return 0
+        except ClusterError as e:
+            print(f"infer cluster: error: {e}; stopping the rest", file=sys.stderr, flush=True)
+            return EXIT_FAILED
 
-    def say(line: str) -> None:
-        print(line, flush=True)
 
-    cluster = Cluster(say, stop_timeout_s)
+def _run_gateway(cluster: Cluster, binary: Path, spec: ClusterSpec, urls: list[str]) -> None:
+    """Start the gateway in front of ``urls``; once it is ready, watch every piece."""
+    url = url_of(spec.host, spec.port)
+    command = gateway_command(
+        binary, spec.host, spec.port, urls, spec.policy, spec.metrics_port, spec.gateway_args
+    )
+    gateway = cluster.start("gateway", command, url, "/readiness")
+    if cluster.wait_ready([gateway], spec.startup_timeout_s):
+        replicas = f"{len(urls)} replicas: {' '.join(urls)}"
+        _say(f"gateway: {url} (pid {gateway.process.pid}, policy {spec.policy}, {replicas})")
+        cluster.watch()
+
+
+@contextmanager
+def _stopped_at_exit(cluster: Cluster) -> Iterator[None]:
+    """SIGINT and SIGTERM stop ``cluster``'s watch while the block runs; every piece is
+    stopped when it ends."""
     previous = {
         signum: signal.signal(signum, cluster.on_signal)
         for signum in (signal.SIGINT, signal.SIGTERM)
     }
     try:
-        urls = list(worker_urls)
-        local: list[Piece] = []
-        if not urls:
-            for i in range(replicas):
-                replica_port = free_port(replica_host if ":" not in replica_host else "127.0.0.1")
-                url = url_of(replica_host, replica_port)
-                command = serve_command(replica_host, replica_port, model, dtype, serve_args)
-                local.append(cluster.start(f"replica {i + 1}", command, url, "/health"))
-                urls.append(url)
-        if cluster.wait_ready(local, startup_timeout_s):
-            for piece in local:
-                say(f"{piece.name}: {piece.url} (pid {piece.process.pid})")
-            gateway_url = url_of(host, port)
-            command = gateway_command(binary, host, port, urls, policy, metrics_port, gateway_args)
-            gateway = cluster.start("gateway", command, gateway_url, "/readiness")
-            if cluster.wait_ready([gateway], startup_timeout_s):
-                say(
-                    f"gateway: {gateway_url} (pid {gateway.process.pid}, policy {policy}, "
-                    f"{len(urls)} replicas: {' '.join(urls)})"
-                )
-                cluster.watch()
-        if cluster.signalled is not None:
-            name = signal.Signals(cluster.signalled).name
-            print(f"infer cluster: {name}: stopping", file=sys.stderr, flush=True)
-        return 0
-    except ClusterError as e:
-        print(f"infer cluster: error: {e}; stopping the rest", file=sys.stderr, flush=True)
-        return EXIT_FAILED
+        yield
     finally:
         cluster.stop()
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+def start_replicas(
+    cluster: Cluster, count: int, host: str, command: Callable[[str, int], list[str]]
+) -> list[Piece]:
+    """Start ``count`` replicas on free ports of ``host``; ``command(host, port)`` runs one."""
+    bind = host if ":" not in host else "127.0.0.1"
+    pieces = []
+    for i in range(count):
+        port = free_port(bind)
+        url = url_of(host, port)
+        pieces.append(cluster.start(f"replica {i + 1}", command(host, port), url, "/health"))
+    return pieces
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)

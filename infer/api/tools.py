@@ -329,69 +329,96 @@ class ToolCallParser:
     def _read_call(self, delta: Delta) -> str | None:
         """Read the call's text as far as it goes; the text after its wrapper once that
         closed, else ``None``."""
-        assert self._region is not None
+        steps = {
+            "wrapper": self._read_head,
+            "head": self._read_head,
+            "args": self._read_arguments,
+            "object": self._read_brace,
+            "after": self._read_wrapper_end,
+        }
         while True:
-            if self._state in ("wrapper", "head"):
-                head = _HEAD.search(self._region) if self._state == "wrapper" else None
-                head = head or _HEAD.match(self._region)
-                if head is None:
-                    return None
-                if self._state == "wrapper":  # what opened the call: what must close it
-                    opening = self._region[: head.start()]
-                    self._closers = [HERMES_CLOSE] if HERMES_OPEN in opening else []
-                    self._closers += ["```"] if "```" in opening else []
-                    self._in_list = "[" in opening
-                self._call = Call(len(self.calls), new_call_id(), json.loads(f'"{head[1]}"'))
-                self.calls.append(self._call)
-                self._scan = _JSONScanner()
-                delta.calls.append((self._call, ""))
-                delta.opened.append(self._call.index)
-                self._region = self._region[head.end() :]
-                self._state = "args"
-            elif self._state == "args":
-                assert self._call is not None
-                end = self._scan.feed(self._region)
-                piece = self._region if end is None else self._region[:end]
-                if piece:
-                    self._call.arguments += piece
-                    delta.calls.append((self._call, piece))
-                if end is None:
-                    self._region = ""
-                    return None
-                self._region = self._region[end:]
-                self._state = "object"
-            elif self._state == "object":  # the object's closing brace
-                closed = self._expect("}")
-                if closed is None:
-                    return None
-                assert self._call is not None
-                self._call.complete = closed
-                self._call = None
-                self._state = "after"
-            else:  # another object of the list or the fence, or the wrapper's closing parts
-                if self._in_list:
-                    if self._expect(",", keep_going=True):
-                        self._state = "head"
-                        continue
-                    closed = self._expect("]")
-                    if closed is None:
-                        return None
-                    self._in_list = False
-                if self._closers[-1:] == ["```"]:  # a fence may hold several calls
-                    text = self._region.lstrip()
-                    if not text:
-                        return None
-                    if text[0] in "{[":
-                        self._region = text[1:] if text[0] == "[" else text
-                        self._in_list = text[0] == "["
-                        self._state = "head"
-                        continue
-                while self._closers:
-                    closed = self._expect(self._closers[0])
-                    if closed is None:
-                        return None
-                    self._closers.pop(0)
-                return self._region
+            step = steps[self._state](delta)
+            if step is not True:
+                return step if isinstance(step, str) else None
+
+    # Each step of reading a call: True to go on, False to wait for more text, or (the last)
+    # the text after the call's wrapper.
+
+    def _read_head(self, delta: Delta) -> bool:
+        """The call's name (at ``wrapper``: after what opened it, which says what closes it)."""
+        region = self._region
+        assert region is not None
+        head = _HEAD.search(region) if self._state == "wrapper" else None
+        head = head or _HEAD.match(region)
+        if head is None:
+            return False
+        if self._state == "wrapper":  # what opened the call: what must close it
+            opening = region[: head.start()]
+            self._closers = [HERMES_CLOSE] if HERMES_OPEN in opening else []
+            self._closers += ["```"] if "```" in opening else []
+            self._in_list = "[" in opening
+        self._call = Call(len(self.calls), new_call_id(), json.loads(f'"{head[1]}"'))
+        self.calls.append(self._call)
+        self._scan = _JSONScanner()
+        delta.calls.append((self._call, ""))
+        delta.opened.append(self._call.index)
+        self._region = region[head.end() :]
+        self._state = "args"
+        return True
+
+    def _read_arguments(self, delta: Delta) -> bool:
+        """The call's arguments, as far as they have come."""
+        region, call = self._region, self._call
+        assert region is not None and call is not None
+        end = self._scan.feed(region)
+        piece = region if end is None else region[:end]
+        if piece:
+            call.arguments += piece
+            delta.calls.append((call, piece))
+        if end is None:
+            self._region = ""
+            return False
+        self._region = region[end:]
+        self._state = "object"
+        return True
+
+    def _read_brace(self, delta: Delta) -> bool:
+        """The call object's closing brace."""
+        closed = self._expect("}")
+        if closed is None:
+            return False
+        assert self._call is not None
+        self._call.complete = closed
+        self._call = None
+        self._state = "after"
+        return True
+
+    def _read_wrapper_end(self, delta: Delta) -> bool | str:
+        """Another object of the list or the fence, or the wrapper's closing parts."""
+        if self._in_list:
+            if self._expect(",", keep_going=True):
+                self._state = "head"
+                return True
+            closed = self._expect("]")
+            if closed is None:
+                return False
+            self._in_list = False
+        assert self._region is not None
+        if self._closers[-1:] == ["```"]:  # a fence may hold several calls
+            text = self._region.lstrip()
+            if not text:
+                return False
+            if text[0] in "{[":
+                self._region = text[1:] if text[0] == "[" else text
+                self._in_list = text[0] == "["
+                self._state = "head"
+                return True
+        while self._closers:
+            closed = self._expect(self._closers[0])
+            if closed is None:
+                return False
+            self._closers.pop(0)
+        return self._region
 
     def _expect(self, closer: str, keep_going: bool = False) -> bool | None:
         """Consume whitespace and ``closer``: ``True`` if it was there, ``None`` if the text

@@ -52,7 +52,7 @@ from infer.bench.workloads import (
 )
 from infer.engine.config import DTYPES
 from infer.models.errors import LoadError
-from infer.models.loader import load_model
+from infer.models.loader import LoadedModel, load_model
 
 WORKLOADS = WORKLOAD_NAMES
 # Not being able to measure these is expected on many machines; it does not fail the run.
@@ -118,6 +118,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="Poisson arrivals at this many requests/s for W2 and the sweep "
         "(default: all requests offered at once, up to the concurrency)",
     )
+    _add_server_arguments(p)
+    _add_llama_arguments(p)
+    p.add_argument("--model", default="default", help="(default: %(default)s)")
+    p.add_argument(
+        "--dtype", choices=list(DTYPES), default="bfloat16", help="(default: %(default)s)"
+    )
+    p.add_argument("--seed", type=int, default=0, help="prompt seed (default: %(default)s)")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="report directory (default: the checkout's bench/results)",
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(command=run_bench)
+
+
+def _add_server_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of the servers measured and of what is sent to them."""
     p.add_argument("--url", help="measure the infer server running here instead of starting one")
     p.add_argument(
         "--api",
@@ -158,6 +177,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=1.0,
         help="top-p sent to every server with --temperature (default: 1, none)",
     )
+
+
+def _add_llama_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags of llama.cpp's speculative systems."""
     p.add_argument(
         "--llama-spec",
         action="append",
@@ -173,19 +196,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="llama-server flags of llama.cpp-draft besides its draft model, likewise "
         f"(default: '{LLAMA_DRAFT_FLAGS}')",
     )
-    p.add_argument("--model", default="default", help="(default: %(default)s)")
-    p.add_argument(
-        "--dtype", choices=list(DTYPES), default="bfloat16", help="(default: %(default)s)"
-    )
-    p.add_argument("--seed", type=int, default=0, help="prompt seed (default: %(default)s)")
-    p.add_argument(
-        "--out",
-        type=Path,
-        default=None,
-        help="report directory (default: the checkout's bench/results)",
-    )
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    p.set_defaults(command=run_bench)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -211,52 +221,15 @@ def run_bench(args: argparse.Namespace) -> int:
     workloads = build_workloads(
         loaded.tokenizer, args.workloads, args.scale, args.seed, args.concurrency, args.rate
     )
-    settings = Settings(
-        loaded, args.model, args.dtype, args.seed, args.url, args.api, args.server_arg, args.threads
-    )
-    settings.predictions = args.predictions
-    settings.longest = max(
-        (len(r.prompt_ids) + r.max_new_tokens for w in workloads for r in w.requests), default=0
-    )
-    settings.llama_flags = {
-        **llama_variants("llama.cpp-ngram", args.llama_spec or [LLAMA_NGRAM_FLAGS]),
-        **llama_variants("llama.cpp-draft", args.llama_draft or [LLAMA_DRAFT_FLAGS]),
-    }
+    settings = _settings(args, loaded, workloads)
     systems = _with_variants(systems, settings.llama_flags)
-    if args.temperature > 0:
-        # As a chat client samples: a request ends at EOS (or its token limit).
-        settings.sampling = {
-            "temperature": args.temperature,
-            "top_p": args.top_p,
-            "ignore_eos": False,
-        }
-        settings.notes.append(
-            f"Sampled: every server request asks for temperature {args.temperature:g} and "
-            f"top_p {args.top_p:g} (no seed) and ends at EOS, so requests may be *short*; "
-            "the in-process baselines decode greedily"
-        )
     meta = _meta(args, loaded.name)
     scale = SCALE_SIZES[args.scale]
     meta["forward_step_context"] = context = scale.w1_prompt + scale.w1_new // 2  # mid-W1
     # Measured before and after everything else; other load only ever adds time, so the
     # smaller of the two is the better estimate of the step itself.
     samples = [forward_step_ms(loaded, context)]
-    probe_bytes = SMOKE_PROBE_BYTES if args.scale == "smoke" else bandwidth.probe_bytes()
-    threads = args.threads or torch.get_num_threads()
-    runs: list[Run] = []
-    unavailable: list[dict[str, str]] = []
-    with bandwidth.Probe(threads, probe_bytes) as probe:
-        meta["bandwidth"] = bandwidth.measure(_gguf(args.model), probe)
-        if args.model == "default":
-            meta["bandwidth"]["notes"] = [DEFAULT_BYTES_NOTE]
-        counted = meta["bandwidth"]["bytes_per_token"] is not None
-        for system in systems:
-            # W1 between two readings of the probe, where it becomes a share of them
-            around = probe if counted and reads_gguf(system) else None
-            try:
-                runs += _measure(system, settings, workloads, args.no_progress, around)
-            except (Unavailable, ServerError) as e:
-                unavailable.append({"system": system, "reason": str(e)})
+    runs, unavailable = _run_systems(args, systems, settings, workloads, meta)
     samples.append(forward_step_ms(loaded, context))
     meta["forward_step_samples_ms"], meta["forward_step_ms"] = samples, min(samples)
     meta["notes"] = [TOKEN_COUNT_NOTE, *settings.notes]
@@ -276,18 +249,78 @@ def run_bench(args: argparse.Namespace) -> int:
         "unavailable": unavailable,
     }
     report["goals"] = goals(runs, meta["forward_step_ms"])
-    out_dir = args.out if args.out is not None else default_results_dir()
-    paths = write_report(report, out_dir, report_stem(meta))
-    print(tables(report))
-    print(bandwidth_table(report))
-    print(goals_table(report))
-    for u in unavailable:
-        print(f"not measured: {u['system']}: {u['reason']}")
-    print("report: " + ", ".join(str(p) for p in paths.values()))
+    _write(report, args.out)
     failed = any(r["metrics"]["errors"] for r in runs) or any(
         _variant_of(u["system"]) not in OPTIONAL_SYSTEMS for u in unavailable
     )
     return 1 if failed else 0
+
+
+def _settings(args: argparse.Namespace, loaded: LoadedModel, workloads: list[Workload]) -> Settings:
+    """What every system is run with: the model, the servers' flags, the sampling."""
+    settings = Settings(
+        loaded, args.model, args.dtype, args.seed, args.url, args.api, args.server_arg, args.threads
+    )
+    settings.predictions = args.predictions
+    settings.longest = max(
+        (len(r.prompt_ids) + r.max_new_tokens for w in workloads for r in w.requests), default=0
+    )
+    settings.llama_flags = {
+        **llama_variants("llama.cpp-ngram", args.llama_spec or [LLAMA_NGRAM_FLAGS]),
+        **llama_variants("llama.cpp-draft", args.llama_draft or [LLAMA_DRAFT_FLAGS]),
+    }
+    if args.temperature > 0:
+        # As a chat client samples: a request ends at EOS (or its token limit).
+        settings.sampling = {
+            "temperature": args.temperature,
+            "top_p": args.top_p,
+            "ignore_eos": False,
+        }
+        settings.notes.append(
+            f"Sampled: every server request asks for temperature {args.temperature:g} and "
+            f"top_p {args.top_p:g} (no seed) and ends at EOS, so requests may be *short*; "
+            "the in-process baselines decode greedily"
+        )
+    return settings
+
+
+def _run_systems(
+    args: argparse.Namespace,
+    systems: list[str],
+    settings: Settings,
+    workloads: list[Workload],
+    meta: dict[str, Any],
+) -> tuple[list[Run], list[dict[str, str]]]:
+    """Every system's runs beside the bandwidth probe, and the systems that could not run."""
+    probe_bytes = SMOKE_PROBE_BYTES if args.scale == "smoke" else bandwidth.probe_bytes()
+    threads = args.threads or torch.get_num_threads()
+    runs: list[Run] = []
+    unavailable: list[dict[str, str]] = []
+    with bandwidth.Probe(threads, probe_bytes) as probe:
+        meta["bandwidth"] = bandwidth.measure(_gguf(args.model), probe)
+        if args.model == "default":
+            meta["bandwidth"]["notes"] = [DEFAULT_BYTES_NOTE]
+        counted = meta["bandwidth"]["bytes_per_token"] is not None
+        for system in systems:
+            # W1 between two readings of the probe, where it becomes a share of them
+            around = probe if counted and reads_gguf(system) else None
+            try:
+                runs += _measure(system, settings, workloads, args.no_progress, around)
+            except (Unavailable, ServerError) as e:
+                unavailable.append({"system": system, "reason": str(e)})
+    return runs, unavailable
+
+
+def _write(report: Report, out: Path | None) -> None:
+    """Write the report's files and print its tables."""
+    out_dir = out if out is not None else default_results_dir()
+    paths = write_report(report, out_dir, report_stem(report["meta"]))
+    print(tables(report))
+    print(bandwidth_table(report))
+    print(goals_table(report))
+    for u in report["unavailable"]:
+        print(f"not measured: {u['system']}: {u['reason']}")
+    print("report: " + ", ".join(str(p) for p in paths.values()))
 
 
 def _speculated(run: Run) -> bool:

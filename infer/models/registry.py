@@ -68,6 +68,7 @@ def create_model(
         model = model_class(config.architecture)(config)
     params = dict(model.named_parameters())
     seen: set[str] = set()
+    keep = kernels.has_quant() and str(device) == "cpu"
     warned = False
     for raw_name, tensor in weights:
         name = _canonical(raw_name)
@@ -75,26 +76,12 @@ def create_model(
             continue  # tied: the embedding is the head
         if name.endswith("rotary_emb.inv_freq"):
             continue
-        if name not in params:
-            raise ValueError(f"unexpected weight {raw_name!r} for {config.architecture}")
-        if tuple(tensor.shape) != tuple(params[name].shape):
-            raise ValueError(
-                f"weight {raw_name!r} has shape {tuple(tensor.shape)}, "
-                f"expected {tuple(params[name].shape)}"
-            )
+        _check_weight(config, params, name, raw_name, tensor)
+        seen.add(name)
         module_name, _, attr = name.rpartition(".")
         module = model.get_submodule(module_name)
         if isinstance(tensor, QuantTensor):
-            keep = kernels.has_quant() and str(device) == "cpu"
-            if keep and isinstance(module, nn.Linear | QuantLinear) and attr == "weight":
-                _set_quantized(model, module_name, module, tensor, dtype)
-                seen.add(name)
-                continue
-            if keep and name == "model.embed_tokens.weight":
-                if config.tie_word_embeddings:
-                    model.quant_head = tensor  # the tied head reads it quantized
-                model.model.embed_tokens = QuantEmbedding(tensor, dtype)
-                seen.add(name)
+            if keep and _keep_quantized(model, config, name, tensor, dtype):
                 continue
             if not keep and not warned and str(device) == "cpu":
                 log.warning(
@@ -106,8 +93,46 @@ def create_model(
             tensor = tensor.dequantize()
         value = nn.Parameter(tensor.to(device=device, dtype=dtype), requires_grad=False)
         setattr(module, attr, value)
-        seen.add(name)
-    missing = sorted(set(params) - seen)
+    _finish(model, sorted(set(params) - seen), device)
+    return model.eval()
+
+
+def _check_weight(
+    config: ModelConfig,
+    params: dict[str, nn.Parameter],
+    name: str,
+    raw_name: str,
+    tensor: torch.Tensor | QuantTensor,
+) -> None:
+    if name not in params:
+        raise ValueError(f"unexpected weight {raw_name!r} for {config.architecture}")
+    if tuple(tensor.shape) != tuple(params[name].shape):
+        raise ValueError(
+            f"weight {raw_name!r} has shape {tuple(tensor.shape)}, "
+            f"expected {tuple(params[name].shape)}"
+        )
+
+
+def _keep_quantized(
+    model: CausalLM, config: ModelConfig, name: str, tensor: QuantTensor, dtype: torch.dtype
+) -> bool:
+    """Put a quantized tensor in place as it is where the kernels read it so (a linear's
+    weight, the embedding); ``False`` where it must be dequantized."""
+    module_name, _, attr = name.rpartition(".")
+    module = model.get_submodule(module_name)
+    if isinstance(module, nn.Linear | QuantLinear) and attr == "weight":
+        _set_quantized(model, module_name, module, tensor, dtype)
+        return True
+    if name == "model.embed_tokens.weight":
+        if config.tie_word_embeddings:
+            model.quant_head = tensor  # the tied head reads it quantized
+        model.model.embed_tokens = QuantEmbedding(tensor, dtype)
+        return True
+    return False
+
+
+def _finish(model: CausalLM, missing: list[str], device: str | torch.device) -> None:
+    """Refuse a checkpoint with ``missing`` weights; place the buffers, fuse and pack."""
     if missing:
         more = f" (and {len(missing) - 3} more)" if len(missing) > 3 else ""
         raise ValueError(f"checkpoint is missing weights: {', '.join(missing[:3])}{more}")
@@ -118,7 +143,6 @@ def create_model(
         if isinstance(module, Attention | GatedMLP):
             module.fuse()
     model.pack()
-    return model.eval()
 
 
 def _set_quantized(

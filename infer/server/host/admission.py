@@ -234,16 +234,8 @@ async def admit(
             ) from None
     if on_end is not None:
         on_end(stream.fail)
-    ticket = Ticket(
-        stream.id,
-        stream.stats.created,
-        state.model_name,
-        ids,
-        len(choices),
-        engine.tokenizer,
-        plan,
-        reasoning,
-    )
+    created, model, tokenizer = stream.stats.created, state.model_name, engine.tokenizer
+    ticket = Ticket(stream.id, created, model, ids, len(choices), tokenizer, plan, reasoning)
     return Admitted(stream, ticket)
 
 
