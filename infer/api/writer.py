@@ -45,6 +45,13 @@ class Event:
 DONE = Event("[DONE]", raw=True)
 
 
+class Timing(Protocol):
+    """When a request arrived and its first token was read (the host's clock)."""
+
+    arrival: float
+    first_token_at: float | None
+
+
 class Tokenizer(Protocol):
     """What a writer's jobs ask of the model's tokenizer."""
 
@@ -64,6 +71,7 @@ class Ticket:
         prompt_ids: Each prompt's token ids.
         choices: How many engine requests it is (prompts times ``n``).
         tokenizer: The model's tokenizer (for the writer's jobs only).
+        timing: When the request arrived and its first token was read (the host's clock).
         plan: The tools a chat prompt offers, in the served template's format.
         thinking: Whether a chat reply starts with (or may open) a reasoning block.
     """
@@ -74,6 +82,7 @@ class Ticket:
     prompt_ids: list[list[int]]
     choices: int
     tokenizer: Tokenizer
+    timing: Timing
     plan: ToolPlan | None = None
     thinking: Thinking | None = None
 

@@ -5,7 +5,6 @@ in the stream as its ``id`` (:class:`NativeWriter`)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
 
 from infer.api.errors import APIError
 from infer.api.native import bodies
@@ -14,34 +13,21 @@ from infer.api.writer import Event, Ticket, Writer
 from infer.engine.request import FinishReason, StepOutput
 
 
-class Timing(Protocol):
-    """When a stream's request arrived and its first token was read (event loop clock)."""
-
-    arrival: float
-    first_token_at: float | None
-
-
 class NativeWriter(Writer):
     """The native events of one request, each with its ``id`` (its number, from 0).
 
     Args:
         ticket: The admitted request (one choice).
         metrics_every: Send a ``metrics`` event every this many tokens.
-        timing: The stream's timings, for the ``metrics`` events.
-        clock: The clock ``timing`` is on.
+        clock: The clock of the ticket's timings.
     """
 
     def __init__(
-        self,
-        ticket: Ticket,
-        metrics_every: int | None,
-        timing: Timing,
-        clock: Callable[[], float],
+        self, ticket: Ticket, metrics_every: int | None, clock: Callable[[], float]
     ) -> None:
         super().__init__(streamed=True)
         self.ticket = ticket
         self.metrics_every = metrics_every
-        self.timing = timing
         self.clock = clock
         self.seq = 0
         self.reason: FinishReason | None = None
@@ -53,7 +39,7 @@ class NativeWriter(Writer):
     def output(self, index: int, out: StepOutput) -> list[Event]:
         rate = None
         if bodies.metrics_due(out, self.metrics_every):
-            timing, tokens = self.timing, out.completion_tokens
+            timing, tokens = self.ticket.timing, out.completion_tokens
             rate = bodies.metrics(tokens, timing.arrival, timing.first_token_at, self.clock())
         if isinstance(out.outcome, FinishReason):
             self.reason = out.outcome

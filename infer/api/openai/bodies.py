@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, NotRequired
+from typing import Annotated, Any, Literal, NotRequired, cast
 
 from pydantic import Field
 from typing_extensions import TypedDict
@@ -36,23 +36,33 @@ SCORED_PROMPT = Field(
 )
 
 
-class CompletionChoice(TypedDict):
-    index: int
-    text: str
+class ChoiceEnd(TypedDict):
+    """What every choice of a body ends with."""
+
     logprobs: dict[str, Any] | None
     finish_reason: str | None
     prompt_logprobs: NotRequired[Annotated[PromptLogprobs | None, SCORED_PROMPT]]
 
 
-class CompletionResponse(TypedDict):
-    """`POST /v1/completions` with `stream: false`."""
+class CompletionChoice(ChoiceEnd):
+    index: int
+    text: str
+
+
+class Answer(TypedDict):
+    """What a body of either route carries beside its choices."""
 
     id: str
-    object: Literal["text_completion"]
     created: int
     model: str
-    choices: list[CompletionChoice]
     usage: Usage
+
+
+class CompletionResponse(Answer):
+    """`POST /v1/completions` with `stream: false`."""
+
+    object: Literal["text_completion"]
+    choices: list[CompletionChoice]
 
 
 class OutputFunction(TypedDict):
@@ -74,23 +84,16 @@ class AssistantMessage(TypedDict):
     reasoning: NotRequired[str]  # the same text, under vLLM's newer name
 
 
-class ChatChoice(TypedDict):
+class ChatChoice(ChoiceEnd):
     index: int
     message: AssistantMessage
-    logprobs: dict[str, Any] | None
-    finish_reason: str | None
-    prompt_logprobs: NotRequired[Annotated[PromptLogprobs | None, SCORED_PROMPT]]
 
 
-class ChatCompletionResponse(TypedDict):
+class ChatCompletionResponse(Answer):
     """`POST /v1/chat/completions` with `stream: false`."""
 
-    id: str
     object: Literal["chat.completion"]
-    created: int
-    model: str
     choices: list[ChatChoice]
-    usage: Usage
 
 
 class ModelCard(TypedDict):
@@ -325,63 +328,40 @@ def message(c: Choice) -> AssistantMessage:
     return msg
 
 
-def completion_body(
+def body(
     head: Head, choices: Sequence[Choice], usage: Usage, echo: Sequence[str] | None = None
-) -> CompletionResponse:
-    """The body of a non-streamed completion: one choice per item, in index order."""
-    items: list[CompletionChoice] = []
-    for index, c in enumerate(choices):
-        echoed = echo[index] if echo is not None else ""
-        item: CompletionChoice = {
-            "index": index,
-            "text": echoed + c.text,
-            "logprobs": _choice_logprobs(head, c, len(echoed)),
-            "finish_reason": c.finish_reason,
-        }
-        if head.prompt_logprobs is not None:
-            item["prompt_logprobs"] = _scored(head.prompt_logprobs, c)
-        items.append(item)
-    return {
-        "id": head.id,
-        "object": "text_completion",
-        "created": head.created,
-        "model": head.model,
-        "choices": items,
-        "usage": usage,
-    }
+) -> CompletionResponse | ChatCompletionResponse:
+    """The body of a non-streamed response: one choice per item, in index order."""
+    items: list[ChatChoice] | list[CompletionChoice]
+    if head.chat:
+        items = [_chat_choice(head, i, c) for i, c in enumerate(choices)]
+    else:
+        items = [_text_choice(head, i, c, echo[i] if echo else "") for i, c in enumerate(choices)]
+    result = head._fields("chat.completion" if head.chat else "text_completion")
+    result.update(choices=items, usage=usage)
+    return cast(CompletionResponse | ChatCompletionResponse, result)
 
 
-def chat_body(head: Head, choices: Sequence[Choice], usage: Usage) -> ChatCompletionResponse:
-    """The body of a non-streamed chat completion: one choice per item, in index order."""
-    items: list[ChatChoice] = []
-    for index, c in enumerate(choices):
-        item: ChatChoice = {
-            "index": index,
-            "message": message(c),
-            "logprobs": _choice_logprobs(head, c, 0),
-            "finish_reason": c.finish_reason,
-        }
-        if head.prompt_logprobs is not None:
-            item["prompt_logprobs"] = _scored(head.prompt_logprobs, c)
-        items.append(item)
-    return {
-        "id": head.id,
-        "object": "chat.completion",
-        "created": head.created,
-        "model": head.model,
-        "choices": items,
-        "usage": usage,
-    }
+def _chat_choice(head: Head, index: int, c: Choice) -> ChatChoice:
+    return {"index": index, "message": message(c), **_end(head, c, 0)}
 
 
-def _choice_logprobs(head: Head, c: Choice, offset: int) -> dict[str, Any] | None:
-    """A choice's ``logprobs`` (an echo with scores starts with its prompt's tokens)."""
-    if head.top_logprobs is None:
-        return None
-    lps = logprobs_of(head, c.outputs, offset)
-    if head.echo_scores and c.prompt is not None:
-        lps = join_logprobs(echo_logprobs(c.prompt, head.top_logprobs), lps)
-    return lps
+def _text_choice(head: Head, index: int, c: Choice, echoed: str) -> CompletionChoice:
+    return {"index": index, "text": echoed + c.text, **_end(head, c, len(echoed))}
+
+
+def _end(head: Head, c: Choice, offset: int) -> ChoiceEnd:
+    """A choice's ``logprobs`` (an echo with scores starts with its prompt's tokens), its
+    finish, and its scored prompt when asked."""
+    lps = None
+    if head.top_logprobs is not None:
+        lps = logprobs_of(head, c.outputs, offset)
+        if head.echo_scores and c.prompt is not None:
+            lps = join_logprobs(echo_logprobs(c.prompt, head.top_logprobs), lps)
+    end: ChoiceEnd = {"logprobs": lps, "finish_reason": c.finish_reason}
+    if head.prompt_logprobs is not None:
+        end["prompt_logprobs"] = _scored(head.prompt_logprobs, c)
+    return end
 
 
 def _scored(k: int, c: Choice) -> PromptLogprobs | None:

@@ -12,7 +12,7 @@ from typing import Any
 from infer.api.chat import ReplyParser
 from infer.api.errors import APIError
 from infer.api.openai import bodies
-from infer.api.openai.models import ChatCompletionRequest, CompletionRequest
+from infer.api.openai.models import ChatCompletionRequest, CompletionRequest, OpenAIFields
 from infer.api.usage import Counts, usage
 from infer.api.writer import DONE, Event, Job, Ticket, Writer
 from infer.engine.request import Outcome, StepOutput
@@ -20,36 +20,41 @@ from infer.engine.request import Outcome, StepOutput
 
 def completion_writer(body: CompletionRequest, ticket: Ticket) -> CompletionWriter:
     """The writer of an admitted ``/v1/completions`` request."""
-    head = bodies.Head(
-        "cmpl-" + ticket.id,
-        ticket.created,
-        ticket.model,
-        chat=False,
-        top_logprobs=body.logprobs,
-        usage_field=body.include_usage(),
-        echo_scores=body.echo_logprobs() is not None,
-        prompt_logprobs=body.prompt_logprobs,
-    )
+    scored = body.echo_logprobs() is not None
+    head = _head(body, ticket, body.logprobs, body.prompt_logprobs, echo_scores=scored)
     echo = body.prompt_list() if body.echo else None
     return CompletionWriter(ticket, body.stream, head, body.n, echo)
 
 
 def chat_writer(body: ChatCompletionRequest, ticket: Ticket) -> CompletionWriter:
     """The writer of an admitted ``/v1/chat/completions`` request."""
-    head = bodies.Head(
-        "chatcmpl-" + ticket.id,
-        ticket.created,
-        ticket.model,
-        chat=True,
-        top_logprobs=body.top_logprobs_wanted(),
-        usage_field=body.include_usage(),
-        prompt_logprobs=body.prompt_logprobs,
-    )
+    head = _head(body, ticket, body.top_logprobs_wanted(), body.prompt_logprobs, chat=True)
     plan, thinking, separate = ticket.plan, ticket.thinking, body.separate_reasoning
     replies = None
     if plan is not None or (thinking is not None and separate):
         replies = [ReplyParser(plan, thinking, separate) for _ in range(ticket.choices)]
     return CompletionWriter(ticket, body.stream, head, body.n, replies=replies)
+
+
+def _head(
+    body: OpenAIFields,
+    ticket: Ticket,
+    top_logprobs: int | None,
+    prompt_logprobs: int | None,
+    chat: bool = False,
+    echo_scores: bool = False,
+) -> bodies.Head:
+    prefix = "chatcmpl-" if chat else "cmpl-"
+    return bodies.Head(
+        prefix + ticket.id,
+        ticket.created,
+        ticket.model,
+        chat,
+        top_logprobs,
+        body.include_usage(),
+        echo_scores,
+        prompt_logprobs,
+    )
 
 
 class CompletionWriter(Writer):
@@ -162,9 +167,7 @@ class CompletionWriter(Writer):
                 choice.reply.feed(choice.text)
                 choice.reply.finish()
             choice.finish_reason = bodies.finish_reason(outcome, choice.reply)
-        if self.head.chat:
-            return bodies.chat_body(self.head, self.choices, usage(counts))
-        return bodies.completion_body(self.head, self.choices, usage(counts), self.echo)
+        return bodies.body(self.head, self.choices, usage(counts), self.echo)
 
 
 def _events(chunks: list[dict[str, Any]]) -> list[Event]:

@@ -16,14 +16,13 @@ from infer.api.messages import (
     MAX_TOOLS,
     CalledFunction,
     ChatMessage,
+    FunctionDefinition,
     FunctionName,
     ToolCall,
-    check_parameters,
     check_tool_results,
     check_tools,
     tool_choice,
 )
-from infer.api.tools import Tool
 from infer.engine.params import DEFAULT_MAX_TOKENS, MaxTokens, SamplingParams, Temperature, TopP
 
 
@@ -95,25 +94,11 @@ class ReasoningInputItem(Body):
 InputItem = InputMessage | FunctionCallItem | FunctionCallOutputItem | ReasoningInputItem
 
 
-class FunctionTool(Body):
-    """A function tool in the Responses shape (the only tool type served here)."""
+class FunctionTool(FunctionDefinition):
+    """A function tool in the Responses shape (the only tool type served here): the chat
+    route's function definition and its `type`."""
 
     type: Literal["function"]
-    name: FunctionName
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-    strict: bool | None = None
-
-    @model_validator(mode="after")
-    def _schema(self) -> FunctionTool:
-        check_parameters(self.name, self.parameters)
-        return self
-
-    def tool(self) -> Tool:
-        """The function as the chat template and the grammar take it."""
-        return Tool(
-            self.name, self.description, self.parameters or {"type": "object", "properties": {}}
-        )
 
 
 class NamedFunctionChoice(Body):

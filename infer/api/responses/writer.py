@@ -68,7 +68,10 @@ def echo(body: ResponsesRequest) -> Echo:
         "temperature": body.temperature,
         "text": text,
         "tool_choice": choice,
-        "tools": [t.model_dump(exclude_none=True) for t in body.tools or []],
+        "tools": [
+            {"type": t.type, **t.model_dump(exclude_none=True, exclude={"type"})}
+            for t in body.tools or []
+        ],
         "top_p": body.top_p,
         "truncation": "disabled",
         "user": body.user,

@@ -1,7 +1,8 @@
 """One HTTP exchange: the body in (:func:`parse_body`), the answer out (:func:`respond`).
 
 :func:`parse_body` validates the JSON body against its protocol's model (the only place
-input is checked). :func:`respond` streams a request's events in its framing, or, for a
+input is checked). :func:`answer` admits the engine request it became and answers with the
+protocol's writer: :func:`respond` streams the request's events in its framing, or, for a
 client that does not stream, runs the same relay to its end and answers the writer's body
 (or raises the failure as the :class:`APIError` that answers it).
 """
@@ -17,11 +18,14 @@ from typing import Any, TypeVar, cast
 from pydantic import BaseModel, ValidationError
 from quart import Response, jsonify, request
 
+from infer.api.engine_request import EngineRequest
 from infer.api.errors import APIError, ErrorCode
-from infer.api.writer import Writer
+from infer.api.writer import Ticket, Writer
 from infer.server.edge.framing import SSE, Framing, stream_response
 from infer.server.edge.guard import on_request_end
+from infer.server.host.admission import admit
 from infer.server.host.relay import relay
+from infer.server.host.state import get_state
 from infer.server.host.stream import RequestStream
 
 Body = TypeVar("Body", bound=BaseModel)
@@ -66,6 +70,26 @@ def validation_message(error: ValidationError) -> str:
 def at_request_end(callback: Callable[[], None]) -> None:
     """Run ``callback`` when the current HTTP request ends, however it ends."""
     on_request_end(cast(MutableMapping[str, Any], request.scope), callback)
+
+
+async def answer(
+    request: EngineRequest,
+    arrival: float,
+    writer: Callable[[Ticket], Writer],
+    framing: Framing = SSE,
+) -> Response:
+    """Admit ``request`` and answer it with the writer its protocol builds for it.
+
+    Args:
+        request: The engine request the body became.
+        arrival: ``trio.current_time()`` when the HTTP request arrived.
+        writer: Builds the protocol's writer from what admission settled.
+        framing: How a stream's events go on the wire.
+    """
+    state = get_state()
+    admitted = await admit(state, request, arrival, at_request_end)
+    answer = writer(admitted.ticket)
+    return await respond(admitted.stream, answer, state.config.heartbeat_s, framing)
 
 
 async def frames(

@@ -234,9 +234,9 @@ async def admit(
             ) from None
     if on_end is not None:
         on_end(stream.fail)
-    created, model, tokenizer = stream.stats.created, state.model_name, engine.tokenizer
-    ticket = Ticket(stream.id, created, model, ids, len(choices), tokenizer, plan, reasoning)
-    return Admitted(stream, ticket)
+    stats, tokenizer = stream.stats, engine.tokenizer
+    ticket = Ticket(stream.id, stats.created, state.model_name, ids, len(choices), tokenizer, stats)
+    return Admitted(stream, dataclasses.replace(ticket, plan=plan, thinking=reasoning))
 
 
 def _choices(

@@ -7,6 +7,7 @@ With a client ``request_id`` a native stream outlives its connection
 
 from __future__ import annotations
 
+from functools import partial
 from typing import cast
 
 import trio
@@ -27,13 +28,13 @@ from infer.api.native.models import (
     TokenizeRequest,
 )
 from infer.api.native.writer import NativeWriter
-from infer.server.edge.exchange import at_request_end, frames, parse_body, respond
+from infer.api.writer import Ticket
+from infer.server.edge.exchange import answer, frames, parse_body
 from infer.server.edge.framing import stream_response
 from infer.server.edge.openapi import documented
 from infer.server.host import resume
 from infer.server.host.admission import admit, check_model, decode, encode, tool_plan
 from infer.server.host.state import ServerState, get_state
-from infer.server.host.stream import RequestStream
 from infer.server.host.worker import WorkerStoppedError
 
 blueprint = Blueprint("native", __name__)
@@ -50,8 +51,7 @@ async def generate() -> Response:
     body = await parse_body(GenerateRequest)
     if body.request_id is not None:
         return await _resumable(state, body, arrival)
-    stream, writer = await _admit(state, body, arrival, guard=True)
-    return await respond(stream, writer, state.config.heartbeat_s)
+    return await answer(body.engine_request(), arrival, partial(_writer, body))
 
 
 @blueprint.delete("/v1/generate/<request_id>")
@@ -62,14 +62,8 @@ async def stop_generate(request_id: str) -> Response:
     return jsonify(StopResponse(request_id=request_id, stopped=True))
 
 
-async def _admit(
-    state: ServerState, body: GenerateRequest, arrival: float, guard: bool
-) -> tuple[RequestStream, NativeWriter]:
-    on_end = at_request_end if guard else None
-    admitted = await admit(state, body.engine_request(), arrival, on_end)
-    stream = admitted.stream
-    writer = NativeWriter(admitted.ticket, body.metrics_every, stream.stats, trio.current_time)
-    return stream, writer
+def _writer(body: GenerateRequest, ticket: Ticket) -> NativeWriter:
+    return NativeWriter(ticket, body.metrics_every, trio.current_time)
 
 
 async def _resumable(state: ServerState, body: GenerateRequest, arrival: float) -> Response:
@@ -79,7 +73,8 @@ async def _resumable(state: ServerState, body: GenerateRequest, arrival: float) 
     after = resume.last_event_id(request.headers.get("Last-Event-ID"))
     log_ = state.resumable.find(body.request_id, key)
     if log_ is None:
-        stream, writer = await _admit(state, body, arrival, guard=False)
+        admitted = await admit(state, body.engine_request(), arrival)  # read by the log
+        stream, writer = admitted.stream, _writer(body, admitted.ticket)
         try:  # another POST with this id may have started it while we tokenized
             log_ = state.resumable.find(body.request_id, key)
         except APIError:

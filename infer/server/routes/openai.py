@@ -3,6 +3,8 @@ model, admit, hand the stream to its writer (:mod:`infer.api.openai`)."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import trio
 from quart import Blueprint, Response, jsonify
 
@@ -14,9 +16,8 @@ from infer.api.openai.bodies import (
 )
 from infer.api.openai.models import ChatCompletionRequest, CompletionRequest
 from infer.api.openai.writer import chat_writer, completion_writer
-from infer.server.edge.exchange import at_request_end, parse_body, respond
+from infer.server.edge.exchange import answer, parse_body
 from infer.server.edge.openapi import documented
-from infer.server.host.admission import admit
 from infer.server.host.state import get_state
 
 blueprint = Blueprint("openai", __name__)
@@ -36,10 +37,7 @@ async def completions() -> Response:
     """Text completions of `prompt` (one or a list), `n` per prompt."""
     arrival = trio.current_time()
     body = await parse_body(CompletionRequest)
-    state = get_state()
-    admitted = await admit(state, body.engine_request(), arrival, at_request_end)
-    writer = completion_writer(body, admitted.ticket)
-    return await respond(admitted.stream, writer, state.config.heartbeat_s)
+    return await answer(body.engine_request(), arrival, partial(completion_writer, body))
 
 
 @blueprint.post("/v1/chat/completions")
@@ -48,7 +46,4 @@ async def chat_completions() -> Response:
     """`n` assistant replies to `messages`, through the model's chat template."""
     arrival = trio.current_time()
     body = await parse_body(ChatCompletionRequest)
-    state = get_state()
-    admitted = await admit(state, body.engine_request(), arrival, at_request_end)
-    writer = chat_writer(body, admitted.ticket)
-    return await respond(admitted.stream, writer, state.config.heartbeat_s)
+    return await answer(body.engine_request(), arrival, partial(chat_writer, body))

@@ -3,6 +3,8 @@ and limits in SGLang's shape (SGLang Model Gateway names its workers' model from
 
 from __future__ import annotations
 
+from typing import Any
+
 from quart import Blueprint, Response, jsonify
 from typing_extensions import TypedDict
 
@@ -11,7 +13,7 @@ from infer.api.openai.models import MAX_CHOICES
 from infer.engine.params import MAX_LOGPROBS
 from infer.server.edge.openapi import documented
 from infer.server.host.metrics import CONTENT_TYPE
-from infer.server.host.state import get_state
+from infer.server.host.state import ServerState, get_state
 
 blueprint = Blueprint("ops", __name__)
 
@@ -63,9 +65,7 @@ async def _model_info() -> Response:
     config = engine.model.config
     return jsonify(
         {
-            "model_path": state.config.engine.model,
-            "tokenizer_path": state.config.engine.model,
-            "served_model_name": state.model_name,
+            **_names(state),
             "is_generation": True,
             "supports_vision": False,
             "model_type": config.architecture,
@@ -90,9 +90,7 @@ async def _server_info() -> Response:
     engine, _ = state.require_ready()
     return jsonify(
         {
-            "model_path": state.config.engine.model,
-            "tokenizer_path": state.config.engine.model,
-            "served_model_name": state.model_name,
+            **_names(state),
             "served_model_names": list(state.model_names),
             "context_length": engine.max_seq_len,
             "max_running_requests": engine.config.max_batch_size,
@@ -106,3 +104,9 @@ async def _server_info() -> Response:
             "backend": "infer",
         }
     )
+
+
+def _names(state: ServerState) -> dict[str, Any]:
+    """The model's path and served name, as both of SGLang's answers start."""
+    path = state.config.engine.model
+    return {"model_path": path, "tokenizer_path": path, "served_model_name": state.model_name}

@@ -3,15 +3,16 @@ conversation ``previous_response_id`` names, one reply, stored for a later reque
 
 from __future__ import annotations
 
+from functools import partial
+
 import trio
 from quart import Blueprint, Response
 
 from infer.api.responses.bodies import ResponseObject
 from infer.api.responses.models import ResponsesRequest
 from infer.api.responses.writer import responses_writer
-from infer.server.edge.exchange import at_request_end, parse_body, respond
+from infer.server.edge.exchange import answer, parse_body
 from infer.server.edge.openapi import documented
-from infer.server.host.admission import admit
 from infer.server.host.state import counting_refusals, get_state
 
 blueprint = Blueprint("responses", __name__)
@@ -26,6 +27,5 @@ async def create_response() -> Response:
     state = get_state()
     with counting_refusals(state):
         conversation = body.conversation(state.responses.get)
-    admitted = await admit(state, body.engine_request(conversation), arrival, at_request_end)
-    writer = responses_writer(body, admitted.ticket, conversation, state.responses.put)
-    return await respond(admitted.stream, writer, state.config.heartbeat_s)
+    writer = partial(responses_writer, body, conversation=conversation, store=state.responses.put)
+    return await answer(body.engine_request(conversation), arrival, writer)
