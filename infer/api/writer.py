@@ -14,7 +14,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from infer.api.errors import APIError
 from infer.api.reasoning import Thinking
@@ -25,8 +25,7 @@ from infer.engine.request import Failure, StepOutput
 Job = Callable[[], None]
 
 
-@dataclass(frozen=True, slots=True)
-class Event:
+class Event(NamedTuple):
     """One stream event.
 
     Args:

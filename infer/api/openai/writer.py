@@ -97,15 +97,18 @@ class CompletionWriter(Writer):
         return out.outcome is not None and bodies.finish_reason(out.outcome) is None
 
     def start_work(self) -> Job | None:
-        sent = self.sent
+        """The echoed prompts' text: token ids are decoded."""
+        sent, tokenizer = self.sent, self.ticket.tokenizer
         if sent is None:
             return None
-        tokenizer = self.ticket.tokenizer
 
         def run() -> None:
             texts = [p if isinstance(p, str) else str(tokenizer.decode(p)) for p in sent]
             self.echo = [text for text in texts for _ in range(self.n)]
 
+        if all(isinstance(p, str) for p in sent):
+            run()  # nothing to decode
+            return None
         return run
 
     def start(self) -> list[Event]:
