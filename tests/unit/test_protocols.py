@@ -117,7 +117,9 @@ def test_the_completion_writer_streams_chunks_then_done_or_builds_one_body() -> 
     assert whole.start_work() is None  # a text prompt echoes as it was sent
     assert whole.output(0, _out(5, "hi", 1, FinishReason.EOS)) == []
     body = whole.body(Counts(1, 1))
-    assert body["object"] == "text_completion" and body["choices"][0]["text"] == "hi"
+    assert (
+        body["object"] == "text_completion" and body["choices"][0]["text"] == "phi"
+    )  # the echo, then the text
 
 
 def test_sse_frames_names_ids_and_done_as_before_and_ndjson_one_line_each() -> None:
