@@ -43,6 +43,7 @@ from infer.engine.speculative import DraftModel
 from infer.models.base import CausalLM
 from infer.models.context import AttnCapture
 from infer.models.errors import LoadError
+from infer.models.fim import FimTokens, find_fim_tokens
 from infer.models.kv_cache import PagedKVCache
 
 log = logging.getLogger("infer.engine")
@@ -60,6 +61,7 @@ class Engine:
         model_name: str = "model",
         clock: Clock = time.monotonic,
         draft_model: CausalLM | None = None,
+        fim: FimTokens | None = None,
     ) -> None:
         block_bytes = PagedKVCache.bytes_per_block(model.config, config.block_size, model.dtype)
         size = config.cache_size(block_bytes, model.config.max_position_embeddings)
@@ -71,6 +73,7 @@ class Engine:
         self.tokenizer = tokenizer
         self.eos_token_ids = frozenset(eos_token_ids)
         self.model_name = model_name
+        self.fim = fim  # the model's fill-in-the-middle tokens, if it has them
         self.blocks = BlockManager(size.num_blocks, config.block_size, config.prefix_caching)
         self.scheduler: Scheduler = make_scheduler(config, self.blocks, clock)
         self.runner = ModelRunner(model, config, self.blocks)
@@ -82,6 +85,7 @@ class Engine:
             # A one-row step reads the weights: the draft model's step costs their ratio.
             share = _weight_bytes(draft_model) / _weight_bytes(model)
             self.scheduler.draft_price = 1 + share / config.draft_row_cost
+        self._clock = clock
         self._ids = itertools.count()
         # With an engine seed, requests that bring none still sample reproducibly.
         self._seeds = random.Random(config.seed) if config.seed is not None else None
@@ -112,6 +116,7 @@ class Engine:
             loaded.eos_token_ids,
             loaded.name,
             draft_model=draft,
+            fim=loaded.fim,
         )
 
     @classmethod
@@ -126,7 +131,7 @@ class Engine:
         eos = eos_token_ids
         if eos is None:
             eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-        return cls(config, model, tokenizer, eos)
+        return cls(config, model, tokenizer, eos, fim=find_fim_tokens(tokenizer))
 
     def add_request(
         self,
@@ -211,7 +216,9 @@ class Engine:
         if seed is None and self._seeds is not None:
             seed = self._seeds.getrandbits(63)
         request.generator = make_generator(seed, self.model.device)
-        request.detokenizer = IncrementalDetokenizer(self.tokenizer, ids, stop=params.stop)
+        request.detokenizer = IncrementalDetokenizer(
+            self.tokenizer, ids, stop=params.stop, lines=params.editor
+        )
         self.scheduler.add_request(request)
         return request
 
@@ -461,14 +468,18 @@ class Engine:
         req.output_ids.append(token)
         detok = req.detokenizer
         assert detok is not None  # set in add_request
+        params = req.params
+        if req.first_token_at is None:
+            req.first_token_at = self._clock()
         reason: FinishReason | None = None
-        if token in self.eos_token_ids and not req.params.ignore_eos:
+        ends = token in self.eos_token_ids or token in params.stop_token_ids
+        if ends and not params.ignore_eos:
             delta, reason = detok.finish(), FinishReason.EOS
         else:
             delta = detok.add(token)
             if detok.stopped:
                 reason = FinishReason.STOP
-            elif len(req.output_ids) >= req.params.max_new_tokens:
+            elif len(req.output_ids) >= params.max_new_tokens or self._out_of_time(req):
                 delta, reason = delta + detok.finish(drop_partial=True), FinishReason.LENGTH
         if reason is not None:
             req.finish(RequestStatus.FINISHED, reason)
@@ -476,6 +487,15 @@ class Engine:
         out = self._output(req, token, delta)
         req.text_len += len(delta)
         return out
+
+    def _out_of_time(self, req: Request) -> bool:
+        """Whether a code completion spent its time budget once its text holds a newline."""
+        editor = req.params.editor
+        if editor is None or editor.time_budget_s is None or req.first_token_at is None:
+            return False
+        assert req.detokenizer is not None  # set in queue
+        spent = self._clock() - req.first_token_at
+        return spent >= editor.time_budget_s and req.detokenizer.has_newline
 
     def _trace(
         self,
