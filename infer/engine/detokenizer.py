@@ -9,6 +9,9 @@ Two things make this harder than decoding each token on its own:
   show the difference only once it no longer ends in a partial character (U+FFFD).
 * Stop strings may arrive split across tokens, so any tail of the text that could be the
   start of a stop string is held back until it is known not to be one.
+* A code completion's line stops (:class:`~infer.engine.params.EditorStops`) decide a
+  generated line by its indentation or its whole text: from its newline on, the line is held
+  back until it is decided.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from collections.abc import Sequence
 from typing import cast
 
 from transformers import PreTrainedTokenizerBase
+
+from infer.engine.params import EditorStops
 
 # Prompt tokens that seed the window, so the first generated token decodes with the
 # spacing it has in context.
@@ -36,6 +41,7 @@ class IncrementalDetokenizer:
         prompt_ids: The prompt's token ids; only the last few are used, as context.
         stop: Strings that end generation; they are never part of the output.
         skip_special_tokens: Drop special tokens (such as EOS) from the text.
+        lines: A code completion's line stops (indentation, the suffix's first line).
     """
 
     def __init__(
@@ -44,10 +50,12 @@ class IncrementalDetokenizer:
         prompt_ids: Sequence[int],
         stop: Sequence[str] = (),
         skip_special_tokens: bool = True,
+        lines: EditorStops | None = None,
     ) -> None:
         self._tokenizer = tokenizer
         self._skip_special = skip_special_tokens
         self._stop = tuple(s for s in stop if s)
+        self._lines = lines if lines is not None and lines.by_line else None
         # The tokens decoded each step: window[:read] is text already shown (context for
         # the tokens after it), window[read:] is not shown yet.
         self._window = self._seed_window(prompt_ids)
@@ -66,6 +74,11 @@ class IncrementalDetokenizer:
     def text(self) -> str:
         """All text emitted so far."""
         return "".join(self._text)
+
+    @property
+    def has_newline(self) -> bool:
+        """Whether the generated text holds a newline (shown or held back)."""
+        return "\n" in self._pending or any("\n" in t for t in self._text)
 
     def add(self, token_id: int) -> str:
         """Append a generated token.
@@ -135,11 +148,18 @@ class IncrementalDetokenizer:
         """Add decoded text to the pending tail; emit what cannot be part of a stop."""
         pending = self._pending + new_text
         cut = self._find_stop(pending)
+        line_cut, undecided = (None, None)
+        if self._lines is not None:
+            line_cut, undecided = line_stop(self._lines, pending, final)
+        if line_cut is not None and (cut is None or line_cut < cut):
+            cut = line_cut
         if cut is not None:
             self._stopped = True
             self._pending = ""
             return self._emit(pending[:cut])
         keep = 0 if final else self._stop_prefix_len(pending)
+        if undecided is not None:
+            keep = max(keep, len(pending) - undecided)
         self._pending = pending[len(pending) - keep :]
         return self._emit(pending[: len(pending) - keep])
 
@@ -162,3 +182,38 @@ class IncrementalDetokenizer:
         if text:
             self._text.append(text)
         return text
+
+
+def line_stop(stops: EditorStops, text: str, final: bool) -> tuple[int | None, int | None]:
+    """Where a code completion's line stops end ``text`` (the text not shown yet), and where
+    the first line not yet decided starts.
+
+    Only lines that begin with a newline of ``text`` are judged (a decided line was shown,
+    and the first generated line is never cut): one indented by fewer than ``stops.indent``
+    columns ends the completion at its first visible character, one equal (stripped) to
+    ``stops.suffix_line`` once it is complete. An undecided line is held back from its
+    newline, so a cut never takes back text that was shown.
+
+    Returns:
+        ``(cut, undecided)``: the index the completion ends at (before the line's newline,
+        or after it with ``stops.keep_newline``) or ``None``; the index of the newline of the
+        first undecided line or ``None``.
+    """
+    keep = int(stops.keep_newline)
+    start = text.find("\n")
+    while start >= 0:
+        end = text.find("\n", start + 1)
+        line = text[start + 1 : end if end >= 0 else len(text)]
+        complete = end >= 0 or final
+        body = line.lstrip(" \t")
+        if stops.indent and body and len(line) - len(body) < stops.indent:
+            return start + keep, None
+        target = stops.suffix_line
+        if target and complete and line.strip() == target:
+            return start + keep, None
+        if not complete:
+            unindented = stops.indent > 0 and not body
+            repeating = bool(target) and target.startswith(body.rstrip())
+            return None, start if unindented or repeating else None
+        start = end
+    return None, None

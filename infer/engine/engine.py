@@ -39,6 +39,7 @@ from infer.engine.speculative import DraftModel
 from infer.models.base import CausalLM
 from infer.models.context import AttnCapture
 from infer.models.errors import LoadError
+from infer.models.fim import FimTokens, find_fim_tokens
 from infer.models.kv_cache import PagedKVCache
 
 log = logging.getLogger("infer.engine")
@@ -56,6 +57,7 @@ class Engine:
         model_name: str = "model",
         clock: Clock = time.monotonic,
         draft_model: CausalLM | None = None,
+        fim: FimTokens | None = None,
     ) -> None:
         block_bytes = PagedKVCache.bytes_per_block(model.config, config.block_size, model.dtype)
         size = config.cache_size(block_bytes, model.config.max_position_embeddings)
@@ -67,12 +69,13 @@ class Engine:
         self.tokenizer = tokenizer
         self.eos_token_ids = frozenset(eos_token_ids)
         self.model_name = model_name
+        self.fim = fim  # the model's fill-in-the-middle tokens, if it has them
         self.blocks = BlockManager(size.num_blocks, config.block_size, config.prefix_caching)
         self.scheduler: Scheduler = make_scheduler(config, self.blocks, clock)
         self.runner = ModelRunner(model, config, self.blocks)
         speculator = self.scheduler.speculator
         self.outputs = OutputProcessor(
-            tokenizer, eos_token_ids, self.blocks, speculator, self._release
+            tokenizer, eos_token_ids, self.blocks, speculator, self._release, clock
         )
         self.draft_model: DraftModel | None = None
         if draft_model is not None:
@@ -112,6 +115,7 @@ class Engine:
             loaded.eos_token_ids,
             loaded.name,
             draft_model=draft,
+            fim=loaded.fim,
         )
 
     @classmethod
@@ -126,7 +130,7 @@ class Engine:
         eos = eos_token_ids
         if eos is None:
             eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-        return cls(config, model, tokenizer, eos)
+        return cls(config, model, tokenizer, eos, fim=find_fim_tokens(tokenizer))
 
     def add_request(
         self,
@@ -211,7 +215,9 @@ class Engine:
         if seed is None and self._seeds is not None:
             seed = self._seeds.getrandbits(63)
         request.generator = make_generator(seed, self.model.device)
-        request.detokenizer = IncrementalDetokenizer(self.tokenizer, ids, stop=params.stop)
+        request.detokenizer = IncrementalDetokenizer(
+            self.tokenizer, ids, stop=params.stop, lines=params.editor
+        )
         self.scheduler.add_request(request)
         return request
 

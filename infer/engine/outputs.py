@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -44,6 +45,7 @@ class OutputProcessor:
         blocks: The KV cache's blocks (a verified draft commits what it kept).
         speculator: Counts drafted and accepted tokens.
         release: Frees a request that ended.
+        clock: The engine's clock (a code completion's time budget).
     """
 
     def __init__(
@@ -53,12 +55,14 @@ class OutputProcessor:
         blocks: BlockManager,
         speculator: Speculator,
         release: Callable[[Request], None],
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.tokenizer = tokenizer
         self.eos_token_ids = frozenset(eos_token_ids)
         self.blocks = blocks
         self.speculator = speculator
         self.release = release
+        self.clock = clock
 
     def process(self, result: RunnerOutput) -> list[StepOutput]:
         outputs = self._score_prompts(result.prompt_rows)
@@ -214,21 +218,26 @@ class OutputProcessor:
         return out
 
     def append_token(self, req: Request, token: int) -> StepOutput:
-        """Append a token to its request and end the request where it stops: EOS, a stop
-        string, or its token limit (every stop condition is decided here)."""
+        """Append a token to its request and end the request where it stops: EOS or a stop
+        token, a stop string or a code completion's line stop, its token limit or time
+        budget (every stop condition is decided here)."""
         if req.status == RequestStatus.PREFILL:
             req.status = RequestStatus.DECODE
         req.output_ids.append(token)
+        if req.first_token_at is None:
+            req.first_token_at = self.clock()
         detok = req.detokenizer
         assert detok is not None  # set in add_request
+        params = req.params
         reason: FinishReason | None = None
-        if token in self.eos_token_ids and not req.params.ignore_eos:
+        ends = token in self.eos_token_ids or token in params.stop_token_ids
+        if ends and not params.ignore_eos:
             delta, reason = detok.finish(), FinishReason.EOS
         else:
             delta = detok.add(token)
             if detok.stopped:
                 reason = FinishReason.STOP
-            elif len(req.output_ids) >= req.params.max_new_tokens:
+            elif len(req.output_ids) >= params.max_new_tokens or self._out_of_time(req):
                 delta, reason = delta + detok.finish(drop_partial=True), FinishReason.LENGTH
         if reason is not None:
             req.finish(RequestStatus.FINISHED, reason)
@@ -236,6 +245,15 @@ class OutputProcessor:
         out = step_output(req, token, delta)
         req.text_len += len(delta)
         return out
+
+    def _out_of_time(self, req: Request) -> bool:
+        """Whether a code completion spent its time budget once its text holds a newline."""
+        editor = req.params.editor
+        if editor is None or editor.time_budget_s is None or req.first_token_at is None:
+            return False
+        assert req.detokenizer is not None  # set in queue
+        spent = self.clock() - req.first_token_at
+        return spent >= editor.time_budget_s and req.detokenizer.has_newline
 
     def _trace(
         self,

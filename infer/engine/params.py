@@ -46,13 +46,41 @@ else:  # compiled by the server (and checked there); importing xgrammar here cos
     GrammarOrNone = Any
 
 
+@dataclass(frozen=True)
+class EditorStops:
+    """How a code completion ends where an editor wants it to (llama.cpp's ``/infill``
+    options); the engine honours them like stop strings.
+
+    Args:
+        indent: A generated line indented by fewer columns (spaces or tabs) than this ends
+            the completion before that line; 0: off. The first line is never cut.
+        time_budget_s: Once the text holds a newline, the completion ends after this long
+            since its first token (finish ``length``); ``None``: no limit.
+        suffix_line: The first non-blank line of the text after the cursor, stripped; a
+            generated line equal to it ends the completion before that line ("" : off).
+        keep_newline: A completion cut before a line keeps that line's newline (the text
+            after the cursor starts a line of its own), else it ends before it.
+    """
+
+    indent: Annotated[int, Field(ge=0)] = 0
+    time_budget_s: Annotated[float, Field(gt=0.0)] | None = None
+    suffix_line: str = ""
+    keep_newline: bool = False
+
+    @property
+    def by_line(self) -> bool:
+        """Whether a generated line may end the completion (held back until decided)."""
+        return self.indent > 0 or bool(self.suffix_line)
+
+
 @dataclass
 class SamplingParams:
     """How one request picks its tokens and when it stops.
 
     Args:
-        max_new_tokens: Most tokens to generate (>= 1; 0 only with ``prompt_logprobs``: the
-            prompt is scored and nothing is generated).
+        max_new_tokens: Most tokens to generate; 0: the prompt is only read into the KV
+            cache (where the prefix cache keeps it for later prompts) and scored when
+            ``prompt_logprobs`` asks, and nothing is generated.
         temperature: Softmax temperature in ``[0, 100]``; 0 means greedy (argmax).
         top_p: Nucleus sampling: keep the smallest set of tokens whose probability
             mass reaches ``top_p``; in ``(0, 1]``, 1 disables it.
@@ -73,6 +101,8 @@ class SamplingParams:
         prompt_logprobs: Score every prompt token (its log-probability given the tokens
             before it, its rank, and the top ``prompt_logprobs`` alternatives, 0 to 20);
             ``None``: the prompt is not scored.
+        stop_token_ids: Tokens that end generation as EOS does (a fill's end tokens).
+        editor: A code completion's line and time stops (:class:`EditorStops`).
 
     Build it with :meth:`checked` from values nothing has checked yet.
     """
@@ -93,6 +123,8 @@ class SamplingParams:
     logit_bias: dict[TokenId, Bias] = field(default_factory=dict)
     grammar: GrammarOrNone = None
     prompt_logprobs: Logprobs | None = None
+    stop_token_ids: frozenset[TokenId] = frozenset()
+    editor: EditorStops | None = None
 
     @classmethod
     def checked(cls, **values: Any) -> SamplingParams:

@@ -105,6 +105,7 @@ class Request:
     drafts: DraftState = field(default_factory=DraftState)  # speculative decoding
     draft: list[int] = field(default_factory=list)  # the draft tokens this step verifies
     model_draft: int = 0  # draft tokens the draft model is to write this step
+    first_token_at: float | None = None  # the engine clock when its first token came
 
     @property
     def scores_prompt(self) -> bool:

@@ -11,7 +11,7 @@ after the first load).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -186,6 +186,10 @@ class GGUFCheckpoint:
         elif self.arch == "gemma3" and t.name.endswith("norm.weight"):
             w = w - 1.0  # llama.cpp stores Gemma's (1 + w) norm scale; HF stores w
         return w
+
+    def fields(self, keys: Iterable[str]) -> dict[str, Any]:
+        """The values of those metadata ``keys`` the file holds."""
+        return {k: v for k in keys if (v := self._field(k)) is not None}
 
     def _field(self, key: str) -> Any:
         return self.reader.fields.get(key)

@@ -35,6 +35,7 @@ from infer.models.config import (
 )
 from infer.models.default import DEFAULT_MODEL_NAME, ensure_default_model
 from infer.models.errors import LoadError
+from infer.models.fim import GGUF_KEYS, FimTokens, find_fim_tokens
 from infer.models.gguf_checkpoint import GGUFCheckpoint
 from infer.models.packaged import PACKAGED_MODELS, assemble
 from infer.models.quant import QuantTensor, quantize
@@ -70,6 +71,7 @@ class LoadedModel:
     name: str  # the id users see: "SmolLM2-135M-Instruct", a dir or file name, a hub id
     eos_token_ids: list[int]
     chat_template: bool
+    fim: FimTokens | None = None  # the model fills in the middle with these
 
 
 def load_model(
@@ -136,6 +138,7 @@ def load_hf_dir(
         name or path.resolve().name,
         eos,
         tokenizer.chat_template is not None,
+        find_fim_tokens(tokenizer),
     )
 
 
@@ -155,8 +158,9 @@ def load_gguf(
     tensors = _quantized(read(), weights)
     model = _create(config, tensors, dtype, device, path)
     eos = eos_token_ids(checkpoint.generation_config["eos_token_id"], tokenizer.eos_token_id)
+    fim = find_fim_tokens(tokenizer, checkpoint.fields(GGUF_KEYS.values()))
     return LoadedModel(
-        model, tokenizer, config, name or path.name, eos, tokenizer.chat_template is not None
+        model, tokenizer, config, name or path.name, eos, tokenizer.chat_template is not None, fim
     )
 
 

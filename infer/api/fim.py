@@ -1,0 +1,214 @@
+"""The one fill-in-the-middle prompt builder: OpenAI's ``suffix``, llama.cpp's ``/infill``
+and Ollama's ``suffix`` all come here.
+
+A prompt is built from token ids, piece by piece: the text of each piece (the code before
+the cursor, after it, each extra file) is tokenized on its own, as plain text (special-token
+spellings inside code stay text), and the model's FIM tokens go between. So a piece's tokens
+do not depend on its neighbours, and consecutive keystrokes share every piece the typing did
+not touch, token for token: that is what the prefix cache reuses.
+
+Layouts (:class:`Layout`):
+
+- ``psm``: ``<PRE> prefix <SUF> suffix <MID>``, the order Qwen2.5-Coder documents. Typing
+  changes the end of the prefix, so the suffix after it is read again at every keystroke.
+- ``spm``: ``<SUF> suffix <PRE> prefix <MID>`` (llama.cpp's ``--spm-infill``): only the end
+  of the prefix changes, but a model not trained on this order fills worse.
+- ``anchored``: ``<PRE> prefix up to an anchor <SUF> suffix <MID> the rest of the prefix``.
+  The prefix's last lines are given as the start of the middle (a fill the model began
+  itself: its training split files at random points, so a middle that starts a few lines
+  before the cursor is one it has seen). The anchor is the start of the prefix's line at
+  the last multiple of :data:`ANCHOR_LINES`; while a person types those lines, every
+  keystroke only extends the prompt's end, and the suffix is read again once per
+  :data:`ANCHOR_LINES` lines.
+
+With extra files (llama.cpp's ``input_extra``) and a model with repo-level tokens, the prompt
+starts as Qwen2.5-Coder's repo-level format, as llama.cpp writes it:
+``<|repo_name|>myproject\\n`` then ``<|file_sep|>{filename}\\n{text}`` per file, then
+``<|file_sep|>filename\\n`` before the file being completed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+from infer.engine.params import EditorStops
+from infer.models.fim import FimTokens
+
+Encode = Callable[[str], list[int]]  # text -> ids, as plain text, no special tokens added
+
+REPO_NAME = "myproject"  # llama.cpp's: the editor does not say
+CURRENT_FILE = "filename"
+DEFAULT_FILE = "tmp"  # an extra chunk without a filename (llama.cpp's)
+CHUNK_SEPARATOR = "\n\n--- snippet ---\n\n"  # between extra chunks, without repo-level tokens
+# Where the prefix may be cut when it must be: at multiples of this many tokens from its
+# start, so that while the text before the cursor grows the kept part starts at the same
+# token and stays cached (it is 0 to STEP tokens shorter than the limit).
+STEP = 256
+
+
+ANCHOR_LINES = 8
+
+
+class Layout(StrEnum):
+    PSM = "psm"
+    SPM = "spm"
+    ANCHORED = "anchored"
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Another file's text, shown to the model before the file being completed."""
+
+    text: str
+    filename: str = DEFAULT_FILE
+
+
+@dataclass(frozen=True)
+class FimRequest:
+    """What an editor sends: the code around the cursor, and other files.
+
+    Attributes:
+        prefix: The code before the cursor (``input_prefix``).
+        suffix: The code after it (``input_suffix``).
+        middle: Text the fill starts with, after the prefix (llama.cpp's ``prompt``: the
+            cursor's line up to the cursor, in llama.vim's requests).
+        extra: Other files, least relevant first (``input_extra``).
+    """
+
+    prefix: str
+    suffix: str
+    middle: str = ""
+    extra: Sequence[Chunk] = ()
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Most tokens of each piece; ``None``: the piece is never cut (a prompt that does not
+    fit is refused by the length check instead)."""
+
+    prefix: int | None = None
+    suffix: int | None = None
+    extra: int | None = None
+
+
+@dataclass(frozen=True)
+class FimPrompt:
+    """A built prompt: its ids, and how much of each piece it holds."""
+
+    ids: list[int]
+    prefix_tokens: int
+    suffix_tokens: int
+    extra_tokens: int
+    truncated: bool  # some piece was cut to its limit
+
+
+def build(
+    encode: Encode,
+    tokens: FimTokens,
+    request: FimRequest,
+    layout: Layout = Layout.SPM,
+    limits: Limits = Limits(),
+) -> FimPrompt:
+    """The token ids of a fill-in-the-middle prompt.
+
+    Args:
+        encode: The model's tokenizer, as plain text.
+        tokens: The model's FIM tokens.
+        request: The code around the cursor and the extra files.
+        layout: The order of prefix and suffix.
+        limits: Most tokens kept of each piece: the prefix keeps its end, the suffix its
+            start, the extra files the most recent whole files.
+    """
+    text = request.prefix + request.middle
+    given = ""  # the start of the middle (the anchored layout)
+    if layout == Layout.ANCHORED:
+        text, given = split_at_anchor(text)
+    prefix, suffix = encode(text), encode(request.suffix)
+    cut_prefix = _cut_start(len(prefix), limits.prefix)
+    kept_suffix = len(suffix) if limits.suffix is None else min(len(suffix), limits.suffix)
+    truncated = cut_prefix > 0 or kept_suffix < len(suffix)
+    prefix, suffix = prefix[cut_prefix:], suffix[:kept_suffix]
+    extra, cut_extra = _extra(encode, tokens, request.extra, limits.extra)
+    pre, suf = [tokens.prefix, *prefix], [tokens.suffix, *suffix]
+    body = suf + pre if layout == Layout.SPM else pre + suf
+    middle = encode(given) if given else []
+    return FimPrompt(
+        [*extra, *body, tokens.middle, *middle],
+        len(prefix) + len(middle),
+        len(suffix),
+        len(extra),
+        truncated or cut_extra,
+    )
+
+
+def split_at_anchor(text: str, every: int = ANCHOR_LINES) -> tuple[str, str]:
+    """``text`` split at the start of its line number ``k * every`` (the last such line):
+    the prefix before the anchor, and the lines after it up to the cursor."""
+    lines = text.count("\n")
+    anchor = lines - lines % every
+    if anchor == 0:
+        return "", text
+    at = -1
+    for _ in range(anchor):
+        at = text.index("\n", at + 1)
+    return text[: at + 1], text[at + 1 :]
+
+
+def _cut_start(length: int, limit: int | None) -> int:
+    """How many tokens to drop from the start of a prefix of ``length`` to keep at most
+    ``limit``: a multiple of :data:`STEP` (or all of them, for a limit below a step)."""
+    if limit is None or length <= limit:
+        return 0
+    over = length - limit
+    cut = -(-over // STEP) * STEP
+    return cut if cut <= length else over
+
+
+def _extra(
+    encode: Encode, tokens: FimTokens, chunks: Sequence[Chunk], limit: int | None
+) -> tuple[list[int], bool]:
+    """The ids of the extra files (whole files, the most recent that fit) and whether any
+    was left out."""
+    if not chunks:
+        return [], False
+    if tokens.repo_level:
+        assert tokens.repo is not None and tokens.sep is not None  # repo_level says so
+        head = [tokens.repo, *encode(REPO_NAME + "\n")]
+        tail = [tokens.sep, *encode(CURRENT_FILE + "\n")]
+        parts = [[tokens.sep, *encode(c.filename + "\n"), *encode(c.text)] for c in chunks]
+    else:
+        head, tail = [], []
+        parts = [encode(CHUNK_SEPARATOR) + encode(c.text) for c in chunks]
+    room = None if limit is None else limit - len(head) - len(tail)
+    kept: list[list[int]] = []
+    for part in reversed(parts):
+        if room is not None and len(part) > room:
+            break
+        kept.insert(0, part)
+        room = None if room is None else room - len(part)
+    if not kept:
+        return [], True
+    return [*head, *(t for part in kept for t in part), *tail], len(kept) < len(parts)
+
+
+def editor_stops(
+    suffix: str, indent: int = 0, time_budget_s: float | None = None, at_suffix: bool = True
+) -> EditorStops:
+    """A completion's line and time stops for the code after the cursor ``suffix``.
+
+    Args:
+        suffix: The code after the cursor.
+        indent: Later lines indented less than this end the completion (0: off).
+        time_budget_s: After the first newline, the completion ends after this long.
+        at_suffix: A generated line equal to the suffix's first non-blank line ends the
+            completion before it (the fill has reached code that is already there).
+    """
+    lines = suffix.split("\n")
+    first = next((i for i, line in enumerate(lines) if line.strip()), None)
+    if first is None or not at_suffix:
+        return EditorStops(indent, time_budget_s)
+    # A suffix that starts its own line (the cursor at a line's start) needs the fill's
+    # last newline; one that ends the cursor's line brings its own.
+    return EditorStops(indent, time_budget_s, lines[first].strip(), keep_newline=first == 0)

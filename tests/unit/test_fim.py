@@ -1,0 +1,210 @@
+"""Fill-in-the-middle pieces without a model: the tokens read from a vocabulary, the prompt
+builder's layouts and limits, and a code completion's line stops (through the detokenizer,
+token by token, as the engine feeds it)."""
+
+from __future__ import annotations
+
+import pytest
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
+
+from infer.api.fim import (
+    ANCHOR_LINES,
+    STEP,
+    Chunk,
+    FimRequest,
+    Layout,
+    Limits,
+    build,
+    editor_stops,
+    split_at_anchor,
+)
+from infer.engine.detokenizer import IncrementalDetokenizer, line_stop
+from infer.engine.params import EditorStops
+from infer.models.fim import find_fim_tokens
+
+QWEN_SPECIALS = [
+    "<|endoftext|>",
+    "<|im_end|>",
+    "<|fim_prefix|>",
+    "<|fim_middle|>",
+    "<|fim_suffix|>",
+    "<|fim_pad|>",
+    "<|repo_name|>",
+    "<|file_sep|>",
+]
+
+
+def char_tokenizer(specials: list[str]) -> PreTrainedTokenizerBase:
+    """One token per character (printable ASCII and newline), then ``specials``."""
+    vocab = {chr(c): i for i, c in enumerate([10, *range(32, 127)])}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token=" "))
+    backend.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    backend.decoder = decoders.Fuse()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend)
+    tokenizer.add_special_tokens({"additional_special_tokens": specials})
+    return tokenizer
+
+
+@pytest.fixture(scope="module")
+def qwen_like() -> PreTrainedTokenizerBase:
+    return char_tokenizer(QWEN_SPECIALS)
+
+
+def ids(tokenizer: PreTrainedTokenizerBase, *names: str) -> list[int]:
+    return [int(tokenizer.convert_tokens_to_ids(n)) for n in names]
+
+
+def test_fim_tokens_come_from_the_vocabulary(qwen_like: PreTrainedTokenizerBase) -> None:
+    fim = find_fim_tokens(qwen_like)
+    assert fim is not None
+    pre, mid, suf, pad, rep, sep, eot, im_end = ids(
+        qwen_like, *QWEN_SPECIALS[2:], QWEN_SPECIALS[0], QWEN_SPECIALS[1]
+    )
+    assert (fim.prefix, fim.suffix, fim.middle) == (pre, suf, mid)
+    assert (fim.pad, fim.repo, fim.sep) == (pad, rep, sep) and fim.repo_level
+    # A fill ends on <|endoftext|> and the FIM control tokens; the chat EOS is the model's.
+    assert fim.end == {eot, pad, rep, sep} and im_end not in fim.end
+
+
+def test_gguf_metadata_names_them_first(qwen_like: PreTrainedTokenizerBase) -> None:
+    fim = find_fim_tokens(qwen_like, {"tokenizer.ggml.fim_pre_token_id": 7})
+    assert fim is not None and fim.prefix == 7
+
+
+def test_a_vocabulary_without_them_does_not_fill_in_the_middle() -> None:
+    assert find_fim_tokens(char_tokenizer(["<|endoftext|>", "<|fim_prefix|>"])) is None
+    # StarCoder's spellings work as well as Qwen's
+    star = find_fim_tokens(char_tokenizer(["<fim_prefix>", "<fim_middle>", "<fim_suffix>"]))
+    assert star is not None and not star.repo_level
+
+
+def encoder(tokenizer: PreTrainedTokenizerBase):  # type: ignore[no-untyped-def]
+    def encode(text: str) -> list[int]:
+        return list(tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
+
+    return encode
+
+
+def test_layouts(qwen_like: PreTrainedTokenizerBase) -> None:
+    encode, fim = encoder(qwen_like), find_fim_tokens(qwen_like)
+    assert fim is not None
+    request = FimRequest("def f(", "):\n    pass\n", middle="x")
+    decode = qwen_like.decode
+    psm = build(encode, fim, request, Layout.PSM)
+    assert decode(psm.ids) == "<|fim_prefix|>def f(x<|fim_suffix|>):\n    pass\n<|fim_middle|>"
+    spm = build(encode, fim, request, Layout.SPM)
+    assert decode(spm.ids) == "<|fim_suffix|>):\n    pass\n<|fim_prefix|>def f(x<|fim_middle|>"
+    assert (psm.prefix_tokens, psm.suffix_tokens, psm.truncated) == (7, 12, False)
+    # Code that spells a special token stays text.
+    odd = build(encode, fim, FimRequest("s = '<|fim_middle|>'", ""), Layout.PSM)
+    assert odd.ids.count(fim.middle) == 1
+
+
+def test_anchored_layout_moves_the_last_lines_after_the_middle_token(
+    qwen_like: PreTrainedTokenizerBase,
+) -> None:
+    encode, fim = encoder(qwen_like), find_fim_tokens(qwen_like)
+    assert fim is not None
+    lines = [f"line{i}\n" for i in range(ANCHOR_LINES + 3)]
+    text = "".join(lines) + "    ret"
+    before, given = split_at_anchor(text)
+    assert (
+        before == "".join(lines[:ANCHOR_LINES])
+        and given == "".join(lines[ANCHOR_LINES:]) + "    ret"
+    )
+    built = build(encode, fim, FimRequest(text, "\nnext\n"), Layout.ANCHORED)
+    assert qwen_like.decode(built.ids) == (
+        f"<|fim_prefix|>{before}<|fim_suffix|>\nnext\n<|fim_middle|>{given}"
+    )
+    # Typing on: every prompt starts with the one before, up to the cursor's last token.
+    previous = built.ids
+    for typed in ("u", "urn", "urn x\n", "urn x\nline12\n"):
+        now = build(encode, fim, FimRequest(text + typed, "\nnext\n"), Layout.ANCHORED).ids
+        assert now[: len(previous)] == previous
+        previous = now
+    assert split_at_anchor("a\nb") == ("", "a\nb")
+
+
+def test_limits_keep_the_prefix_end_in_steps_and_the_suffix_start(
+    qwen_like: PreTrainedTokenizerBase,
+) -> None:
+    encode, fim = encoder(qwen_like), find_fim_tokens(qwen_like)
+    assert fim is not None
+    prefix = "".join(chr(97 + i % 26) for i in range(1000))
+    limits = Limits(prefix=600, suffix=5)
+    built = build(encode, fim, FimRequest(prefix, "0123456789"), Layout.PSM, limits)
+    assert built.truncated and built.suffix_tokens == 5
+    assert built.prefix_tokens == 1000 - 2 * STEP  # cut at a multiple of STEP
+    text = qwen_like.decode(built.ids)
+    assert text.endswith(prefix[2 * STEP :] + "<|fim_suffix|>01234<|fim_middle|>")
+    # One more character does not move the cut: the kept prefix starts at the same token.
+    longer = build(encode, fim, FimRequest(prefix + "x", "0123456789"), Layout.PSM, limits)
+    assert longer.ids[: len(built.ids) - 8] == built.ids[: len(built.ids) - 8]
+
+
+def test_extra_files_in_the_repo_level_format(qwen_like: PreTrainedTokenizerBase) -> None:
+    encode, fim = encoder(qwen_like), find_fim_tokens(qwen_like)
+    assert fim is not None
+    extra = [Chunk("import os\n", "a.py"), Chunk("x = 1\n", "b.py")]
+    built = build(encode, fim, FimRequest("y", "", extra=extra), Layout.PSM)
+    assert qwen_like.decode(built.ids) == (
+        "<|repo_name|>myproject\n<|file_sep|>a.py\nimport os\n<|file_sep|>b.py\nx = 1\n"
+        "<|file_sep|>filename\n<|fim_prefix|>y<|fim_suffix|><|fim_middle|>"
+    )
+    # Too little room: the most recent whole files are kept.
+    few = build(encode, fim, FimRequest("y", "", extra=extra), Layout.PSM, Limits(extra=40))
+    assert few.truncated and "a.py" not in qwen_like.decode(few.ids)
+    assert "b.py" in qwen_like.decode(few.ids)
+
+
+def feed(text: str, stops: EditorStops, pieces: int = 1) -> str:
+    """What a completion shows when ``text`` arrives a character at a time (or in chunks of
+    ``pieces``), cut by ``stops``."""
+    tokenizer = char_tokenizer(["<|endoftext|>"])
+    detok = IncrementalDetokenizer(tokenizer, [], lines=stops)
+    shown = ""
+    for i in range(0, len(text), pieces):
+        for token in tokenizer.encode(text[i : i + pieces], add_special_tokens=False):
+            shown += detok.add(token)
+        if detok.stopped:
+            return shown
+    return shown + detok.finish()
+
+
+@pytest.mark.parametrize("pieces", [1, 3, 100])
+def test_a_line_indented_less_ends_the_completion(pieces: int) -> None:
+    body = "x = 1\n    y = 2\n\n  z = 3\nw"
+    assert feed(body, EditorStops(indent=4), pieces) == "x = 1\n    y = 2\n"
+    assert feed(body, EditorStops(indent=4, keep_newline=True), pieces) == "x = 1\n    y = 2\n\n"
+    # the first line is the cursor's: never judged
+    assert feed("  a\n    b", EditorStops(indent=4), pieces) == "  a\n    b"
+
+
+@pytest.mark.parametrize("pieces", [1, 2, 100])
+def test_repeating_the_suffix_line_ends_the_completion(pieces: int) -> None:
+    stops = EditorStops(suffix_line="return y")
+    assert feed("y = 2\n    return y\n", stops, pieces) == "y = 2"
+    assert feed("y = 2\n    return y", stops, pieces) == "y = 2"  # at the end, too
+    assert feed("y = 2\n    return y2\n", stops, pieces) == "y = 2\n    return y2\n"
+    keep = EditorStops(suffix_line="return y", keep_newline=True)
+    assert feed("a\n    return y", keep, pieces) == "a\n"
+
+
+def test_line_stop_holds_back_only_what_is_undecided() -> None:
+    stops = EditorStops(indent=4, suffix_line="return y")
+    assert line_stop(stops, "abc", False) == (None, None)  # the first line is free
+    assert line_stop(stops, "abc\n  ", False) == (None, 3)  # indentation still arriving
+    assert line_stop(stops, "abc\n    ret", False) == (None, 3)  # may become the suffix
+    assert line_stop(stops, "abc\n    x", False) == (None, None)  # decided: shown
+    assert line_stop(stops, "abc\n  x", False) == (3, None)
+
+
+def test_editor_stops_from_the_suffix() -> None:
+    # The cursor at a line's end: the suffix brings the newline; a cut takes it away.
+    at_end = editor_stops("\n\n    return y\n", indent=4, time_budget_s=1.0)
+    assert at_end == EditorStops(4, 1.0, "return y", keep_newline=False)
+    # The cursor at a line's start: the fill keeps its last newline.
+    assert editor_stops("    return y\n").keep_newline
+    assert editor_stops("   \n", at_suffix=True).suffix_line == ""
+    assert editor_stops("x", at_suffix=False).suffix_line == ""
