@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from infer.api.fim import Fill
 from infer.api.tools import ToolChoice
 from infer.engine.params import DEFAULT_MAX_TOKENS, SamplingParams
 from infer.engine.request import TraceSpec
@@ -23,11 +24,13 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Prompt:
-    """One prompt: text or token ids, or a conversation and its template's variables."""
+    """One prompt: text or token ids, a conversation and its template's variables, or the
+    code around a cursor to fill in the middle (built with the model's FIM tokens)."""
 
     text: str | list[int] | None = None
     messages: Sequence[ChatMessage] | None = None
     template_kwargs: Mapping[str, Any] | None = None
+    fill: Fill | None = None
 
 
 @dataclass(frozen=True)

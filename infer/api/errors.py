@@ -77,6 +77,12 @@ class ErrorCode(StrEnum):
     INVALID_MESSAGES = "invalid_messages", 422, False, "the chat template refused the messages"
     INVALID_SCHEMA = "invalid_schema", 422, False, "the JSON schema cannot be compiled"
     NO_CHAT_TEMPLATE = "no_chat_template", 422, False, "the model has no chat template"
+    FIM_NOT_SUPPORTED = (
+        "fim_not_supported",
+        400,
+        False,
+        "the model has no fill-in-the-middle tokens: it does not fill in the middle",
+    )
     MODEL_NOT_FOUND = "model_not_found", 422, False, "that model is not served here"
     RATE_LIMITED = "rate_limited", 429, True, "rate limit exceeded"
     INTERNAL_ERROR = "internal_error", 500, False, "internal server error"

@@ -94,6 +94,22 @@ class Limits:
 
 
 @dataclass(frozen=True)
+class Fill:
+    """A prompt to be built by the FIM builder: the code around the cursor, how much of
+    each piece to keep, and the layout the server chose."""
+
+    request: FimRequest
+    limits: Limits = Limits()
+    layout: Layout = Layout.PSM
+
+    def text_bytes(self) -> int:
+        """The size of its text (the prompt size limit counts it)."""
+        r = self.request
+        pieces = [r.prefix, r.middle, r.suffix, *(c.text + c.filename for c in r.extra)]
+        return sum(len(p.encode("utf-8", "surrogatepass")) for p in pieces)
+
+
+@dataclass(frozen=True)
 class FimPrompt:
     """A built prompt: its ids, and how much of each piece it holds."""
 

@@ -73,6 +73,7 @@ class Ticket:
         timing: When the request arrived and its first token was read (the host's clock).
         plan: The tools a chat prompt offers, in the served template's format.
         thinking: Whether a chat reply starts with (or may open) a reasoning block.
+        truncated: A fill's code was cut to the builder's limits.
     """
 
     id: str
@@ -84,6 +85,7 @@ class Ticket:
     timing: Timing
     plan: ToolPlan | None = None
     thinking: Thinking | None = None
+    truncated: bool = False
 
 
 class Writer(ABC):

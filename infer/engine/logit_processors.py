@@ -6,12 +6,13 @@ operation over the rows that use it; a step whose requests use none of them retu
 logits untouched, so a batch without these fields pays one Python check per row.
 
 Order: logit bias, then presence/frequency penalties, then the grammar mask (a banned token
-stays banned whatever the bias). ``repetition_penalty``, temperature, top-k and top-p follow
-in the sampler.
+stays banned whatever the bias), then min-p (among the tokens left). ``repetition_penalty``,
+temperature, top-k and top-p follow in the sampler.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -24,7 +25,8 @@ from infer.engine.request import Request
 
 def needs_processing(params: SamplingParams) -> bool:
     """Whether a request uses a part of this step other than a grammar."""
-    return bool(params.presence_penalty or params.frequency_penalty or params.logit_bias)
+    min_p = params.min_p > 0 and not params.greedy  # the argmax always passes min-p
+    return bool(params.presence_penalty or params.frequency_penalty or params.logit_bias or min_p)
 
 
 def process_logits(logits: Tensor, requests: Sequence[Request]) -> Tensor:
@@ -45,7 +47,23 @@ def process_logits(logits: Tensor, requests: Sequence[Request]) -> Tensor:
     apply_logit_bias(out, [r.params.logit_bias for r in requests])
     apply_penalties(out, requests)
     apply_grammars(out, requests, constrained)
+    apply_min_p(out, [r.params for r in requests])
     return out
+
+
+def apply_min_p(logits: Tensor, params: Sequence[SamplingParams]) -> None:
+    """Drop every token less likely than ``min_p`` times the likeliest one, in place (on the
+    logits before temperature, as llama.cpp's chain applies it): ``p / p_max < min_p`` is
+    ``logit - max_logit < ln(min_p)``."""
+    rows = [i for i, p in enumerate(params) if p.min_p > 0 and not p.greedy]
+    if not rows:
+        return
+    index = torch.tensor(rows, device=logits.device)
+    part = logits.index_select(0, index)
+    floor = part.max(dim=1, keepdim=True).values + _column(
+        [math.log(params[i].min_p) for i in rows], logits
+    )
+    logits.index_copy_(0, index, part.masked_fill(part < floor, -math.inf))
 
 
 def apply_logit_bias(logits: Tensor, biases: Sequence[dict[int, float]]) -> None:

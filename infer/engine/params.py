@@ -37,6 +37,7 @@ StopStrings = Annotated[
 ]
 Seed = Annotated[int, Field(ge=SEED_MIN, le=SEED_MAX)]
 Logprobs = Annotated[int, Field(ge=0, le=MAX_LOGPROBS)]
+MinP = Annotated[float, Field(ge=0.0, le=1.0)]
 
 if TYPE_CHECKING:
     from infer.engine.grammar import Grammar
@@ -103,6 +104,8 @@ class SamplingParams:
             ``None``: the prompt is not scored.
         stop_token_ids: Tokens that end generation as EOS does (a fill's end tokens).
         editor: A code completion's line and time stops (:class:`EditorStops`).
+        min_p: Keep only the tokens at least ``min_p`` times as likely as the likeliest
+            (in ``[0, 1]``; 0 disables it).
 
     Build it with :meth:`checked` from values nothing has checked yet.
     """
@@ -125,6 +128,7 @@ class SamplingParams:
     prompt_logprobs: Logprobs | None = None
     stop_token_ids: frozenset[TokenId] = frozenset()
     editor: EditorStops | None = None
+    min_p: MinP = 0.0
 
     @classmethod
     def checked(cls, **values: Any) -> SamplingParams:

@@ -9,6 +9,8 @@ from typing import Any
 
 from infer.engine.config import EngineConfig
 
+FIM_LAYOUTS = ("anchored", "psm", "spm")
+
 
 @dataclass
 class ServerConfig:
@@ -43,6 +45,9 @@ class ServerConfig:
         stored_responses: How many ``/v1/responses`` results are kept for a later
             ``previous_response_id`` (the oldest goes first).
         stored_response_ttl_s: How long a stored response can be continued.
+        fim_layout: How a fill-in-the-middle prompt is laid out (``anchored``: the suffix
+            stays cached while a person types; ``psm``: prefix, suffix, middle; ``spm``:
+            suffix first), for ``/infill`` and ``suffix``.
         served_model_names: Names the model answers to (``--served-model-name``, repeatable;
             the first is the one responses carry and ``/v1/models`` lists first). Empty: the
             model's own name.
@@ -72,6 +77,7 @@ class ServerConfig:
     resume_window_s: float = 10.0
     stored_responses: int = 1024
     stored_response_ttl_s: float = 3600.0
+    fim_layout: str = "anchored"
     engine: EngineConfig = field(default_factory=EngineConfig)
 
     def __post_init__(self) -> None:
@@ -103,6 +109,10 @@ class ServerConfig:
             raise ValueError(f"resume_window_s must be >= 0, got {self.resume_window_s}")
         if not self.stored_response_ttl_s > 0:
             raise ValueError(f"stored_response_ttl_s must be > 0, got {self.stored_response_ttl_s}")
+        if self.fim_layout not in FIM_LAYOUTS:
+            raise ValueError(
+                f"fim_layout must be one of {', '.join(FIM_LAYOUTS)}, got {self.fim_layout!r}"
+            )
         if self.drain_grace_s < 0:
             raise ValueError(f"drain_grace_s must be >= 0, got {self.drain_grace_s}")
         if self.drain_timeout_s < 0:

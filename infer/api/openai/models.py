@@ -3,12 +3,14 @@ becomes: the engine request (:meth:`CompletionRequest.engine_request`)."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Annotated, Any, Literal, cast
 
 from pydantic import Field, StrictInt, StrictStr, model_validator
 
 from infer.api.engine_request import EngineRequest, Prompt
 from infer.api.fields import Body, SamplingFields
+from infer.api.fim import Fill, FimRequest, Layout, editor_stops
 from infer.api.messages import (
     ChatMessage,
     FunctionName,
@@ -85,7 +87,12 @@ class CompletionRequest(OpenAIFields):
                 "best_of > n is not supported: every sampled completion is returned (use n)"
             )
         if self.suffix:
-            raise ValueError("suffix is not supported: the models here do not fill in the middle")
+            if self.echo:
+                raise ValueError("echo is not supported with suffix")
+            if self.prompt_logprobs is not None:
+                raise ValueError("prompt_logprobs is not supported with suffix")
+            if any(not isinstance(p, str) for p in self.prompt_list()):
+                raise ValueError("suffix needs text prompts (the code before the cursor)")
         if len(self.prompt_list()) * self.n > MAX_FANOUT:
             raise ValueError(
                 f"prompt: at most {MAX_FANOUT} completions per request (prompts times n)"
@@ -119,15 +126,26 @@ class CompletionRequest(OpenAIFields):
             return [cast(list[int], p)]
         return list(cast(list[str] | list[list[int]], p))
 
-    def engine_request(self) -> EngineRequest:
-        """`n` completions of each prompt."""
-        return self.sampling_request(
-            [Prompt(p) for p in self.prompt_list()],
+    def engine_request(self, layout: Layout = Layout.PSM) -> EngineRequest:
+        """`n` completions of each prompt; with a `suffix`, each prompt is the code before
+        the cursor and the completion fills the middle (prompts built in ``layout``)."""
+        prompts = [Prompt(p) for p in self.prompt_list()]
+        if self.suffix:
+            fills = [
+                Fill(FimRequest(str(p), self.suffix), layout=layout) for p in self.prompt_list()
+            ]
+            prompts = [Prompt(fill=f) for f in fills]
+        request = self.sampling_request(
+            prompts,
             default_max_tokens=COMPLETION_MAX_TOKENS,
             n=self.n,
             logprobs=engine_logprobs(self.logprobs),
             prompt_logprobs=self.scored_prompt(),
         )
+        if not self.suffix:
+            return request
+        params = dataclasses.replace(request.params, editor=editor_stops(self.suffix))
+        return dataclasses.replace(request, params=params)
 
 
 class NamedFunction(Body):

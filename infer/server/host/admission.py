@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from infer.api import fim as fim_prompt
 from infer.api import tools
 from infer.api.engine_request import EngineRequest, Prompt
 from infer.api.errors import APIError, ErrorCode
@@ -98,6 +99,41 @@ async def encode(
         return await trio.to_thread.run_sync(run)
     except RequestError as e:
         raise refused(e) from None
+
+
+async def encode_fills(
+    state: ServerState, engine: Engine, prompts: Sequence[Prompt]
+) -> tuple[list[list[int]], bool]:
+    """Token ids of each fill-in-the-middle prompt (one thread hop for all of them), and
+    whether the builder cut some piece to its limits.
+
+    Raises:
+        APIError: The model does not fill in the middle, or the code is too large.
+    """
+    fim = engine.fim
+    if fim is None:
+        raise APIError(
+            ErrorCode.FIM_NOT_SUPPORTED,
+            f"model {state.model_name!r} has no fill-in-the-middle tokens: it does not fill "
+            "in the middle (use a code model trained for it, such as Qwen2.5-Coder)",
+        )
+    fills = [p.fill for p in prompts if p.fill is not None]
+    max_bytes = prompt_bytes(state, engine)
+    for f in fills:
+        if (size := f.text_bytes()) > max_bytes:
+            raise APIError(
+                ErrorCode.PROMPT_TOO_LARGE, f"the code is {size} bytes; the limit is {max_bytes}"
+            )
+    tokenizer = engine.tokenizer
+
+    def text_ids(text: str) -> list[int]:
+        return list(tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
+
+    def run() -> list[fim_prompt.FimPrompt]:
+        return [fim_prompt.build(text_ids, fim, f.request, f.layout, f.limits) for f in fills]
+
+    built = await trio.to_thread.run_sync(run)
+    return [b.ids for b in built], any(b.truncated for b in built)
 
 
 async def decode(state: ServerState, ids: list[int]) -> str:
@@ -212,7 +248,11 @@ async def admit(
         if bias and max(bias) >= vocab:
             raise APIError(ErrorCode.INVALID_VALUE, f"logit_bias: token ids must be below {vocab}")
         plan = tool_plan(engine, request.tools)
-        ids = await encode(state, engine, request.prompts, plan)
+        truncated = False
+        if any(p.fill is not None for p in request.prompts):
+            ids, truncated = await encode_fills(state, engine, request.prompts)
+        else:
+            ids = await encode(state, engine, request.prompts, plan)
         reasoning = _thinking(engine, request.prompts, ids)
         grammar = await compile_format(state, engine, request.json_schema, plan, reasoning)
         choices, params = _choices(engine, request, ids, grammar)
@@ -236,7 +276,8 @@ async def admit(
         on_end(stream.fail)
     stats, tokenizer = stream.stats, engine.tokenizer
     ticket = Ticket(stream.id, stats.created, state.model_name, ids, len(choices), tokenizer, stats)
-    return Admitted(stream, dataclasses.replace(ticket, plan=plan, thinking=reasoning))
+    settled = dataclasses.replace(ticket, plan=plan, thinking=reasoning, truncated=truncated)
+    return Admitted(stream, settled)
 
 
 def _choices(
@@ -250,6 +291,10 @@ def _choices(
     choices: list[list[int]] = []
     params: list[SamplingParams] = []
     limit, base = request.max_tokens, request.params
+    if engine.fim is not None and any(p.fill is not None for p in request.prompts):
+        # a fill ends on the model's FIM end tokens as well as on its EOS
+        stops = base.stop_token_ids | engine.fim.end
+        base = dataclasses.replace(base, stop_token_ids=stops)
     for prompt in ids:
         room = engine.max_seq_len - len(prompt)
         max_tokens = limit if limit is not None else min(request.default_max_tokens, room)

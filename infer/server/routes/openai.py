@@ -8,6 +8,7 @@ from functools import partial
 import trio
 from quart import Blueprint, Response, jsonify
 
+from infer.api.fim import Layout
 from infer.api.openai.bodies import (
     ChatCompletionResponse,
     CompletionResponse,
@@ -37,7 +38,8 @@ async def completions() -> Response:
     """Text completions of `prompt` (one or a list), `n` per prompt."""
     arrival = trio.current_time()
     body = await parse_body(CompletionRequest)
-    return await answer(body.engine_request(), arrival, partial(completion_writer, body))
+    layout = Layout(get_state().config.fim_layout)  # a `suffix` fills in the middle
+    return await answer(body.engine_request(layout), arrival, partial(completion_writer, body))
 
 
 @blueprint.post("/v1/chat/completions")
