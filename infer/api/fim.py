@@ -16,10 +16,16 @@ Layouts (:class:`Layout`):
 - ``anchored``: ``<PRE> prefix up to an anchor <SUF> suffix <MID> the rest of the prefix``.
   The prefix's last lines are given as the start of the middle (a fill the model began
   itself: its training split files at random points, so a middle that starts a few lines
-  before the cursor is one it has seen). The anchor is the start of the prefix's line at
-  the last multiple of :data:`ANCHOR_LINES`; while a person types those lines, every
-  keystroke only extends the prompt's end, and the suffix is read again once per
-  :data:`ANCHOR_LINES` lines.
+  before the cursor is one it has seen). The anchor is the start of the last *landmark*
+  line before the cursor's line; while a person types, every keystroke only extends the
+  prompt's end, and the suffix is read again when a new landmark line is typed.
+
+Landmark lines are chosen by their content (about one line in :data:`LANDMARK_EVERY`: a
+hash of the line and the one before it), never by their number, so they stay landmarks
+when an editor's window of lines slides (llama.vim sends the 256 lines before the cursor).
+A prefix longer than its limit is cut at a landmark line too (one of the sparser ones, about
+one line in :data:`CUT_EVERY`), the first whose rest fits: the kept part starts at the same
+line while the person types on, until they have typed about that many lines more.
 
 With extra files (llama.cpp's ``input_extra``) and a model with repo-level tokens, the prompt
 starts as Qwen2.5-Coder's repo-level format, as llama.cpp writes it:
@@ -31,6 +37,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+import zlib
 from enum import StrEnum
 
 from infer.engine.params import EditorStops
@@ -42,13 +49,8 @@ REPO_NAME = "myproject"  # llama.cpp's: the editor does not say
 CURRENT_FILE = "filename"
 DEFAULT_FILE = "tmp"  # an extra chunk without a filename (llama.cpp's)
 CHUNK_SEPARATOR = "\n\n--- snippet ---\n\n"  # between extra chunks, without repo-level tokens
-# Where the prefix may be cut when it must be: at multiples of this many tokens from its
-# start, so that while the text before the cursor grows the kept part starts at the same
-# token and stays cached (it is 0 to STEP tokens shorter than the limit).
-STEP = 256
-
-
-ANCHOR_LINES = 8
+LANDMARK_EVERY = 8
+CUT_EVERY = 4 * LANDMARK_EVERY  # (its landmarks are landmarks of the finer kind too)
 
 
 class Layout(StrEnum):
@@ -138,14 +140,16 @@ def build(
             start, the extra files the most recent whole files.
     """
     text = request.prefix + request.middle
+    marks = landmarks(text)
+    text, cut = _fit(encode, text, landmarks(text, CUT_EVERY), limits.prefix)
     given = ""  # the start of the middle (the anchored layout)
     if layout == Layout.ANCHORED:
-        text, given = split_at_anchor(text)
-    prefix, suffix = encode(text), encode(request.suffix)
-    cut_prefix = _cut_start(len(prefix), limits.prefix)
+        at = max((m - cut for m in marks if m > cut), default=0)
+        text, given = text[:at], text[at:]
+    prefix, suffix = encode(text) if text else [], encode(request.suffix)
     kept_suffix = len(suffix) if limits.suffix is None else min(len(suffix), limits.suffix)
-    truncated = cut_prefix > 0 or kept_suffix < len(suffix)
-    prefix, suffix = prefix[cut_prefix:], suffix[:kept_suffix]
+    truncated = cut > 0 or kept_suffix < len(suffix)
+    suffix = suffix[:kept_suffix]
     extra, cut_extra = _extra(encode, tokens, request.extra, limits.extra)
     pre, suf = [tokens.prefix, *prefix], [tokens.suffix, *suffix]
     body = suf + pre if layout == Layout.SPM else pre + suf
@@ -159,27 +163,43 @@ def build(
     )
 
 
-def split_at_anchor(text: str, every: int = ANCHOR_LINES) -> tuple[str, str]:
-    """``text`` split at the start of its line number ``k * every`` (the last such line):
-    the prefix before the anchor, and the lines after it up to the cursor."""
-    lines = text.count("\n")
-    anchor = lines - lines % every
-    if anchor == 0:
-        return "", text
-    at = -1
-    for _ in range(anchor):
-        at = text.index("\n", at + 1)
-    return text[: at + 1], text[at + 1 :]
+def landmarks(text: str, every: int = LANDMARK_EVERY) -> list[int]:
+    """The offsets in ``text`` where its landmark lines start: complete lines (the line the
+    text ends in is not one) chosen by a hash of themselves and the line before."""
+    marks, start, previous = [], 0, ""
+    while (end := text.find("\n", start)) >= 0:
+        line = text[start:end]
+        if start > 0 and zlib.crc32(f"{previous}\n{line}".encode()) % every == 0:
+            marks.append(start)
+        previous, start = line, end + 1
+    return marks
 
 
-def _cut_start(length: int, limit: int | None) -> int:
-    """How many tokens to drop from the start of a prefix of ``length`` to keep at most
-    ``limit``: a multiple of :data:`STEP` (or all of them, for a limit below a step)."""
-    if limit is None or length <= limit:
-        return 0
-    over = length - limit
-    cut = -(-over // STEP) * STEP
-    return cut if cut <= length else over
+def _fit(encode: Encode, text: str, marks: list[int], limit: int | None) -> tuple[str, int]:
+    """``text`` cut to at most ``limit`` tokens at its first landmark line whose rest fits
+    (failing that, its first line, or character, whose rest fits), and the offset it was
+    cut at."""
+    if limit is None or len(encode(text)) <= limit:
+        return text, 0
+    lines = [i + 1 for i, c in enumerate(text) if c == "\n"]
+    for starts in (marks, lines, range(len(text))):
+        cut = _first_fitting(encode, text, starts, limit)
+        if cut is not None:
+            return text[cut:], cut
+    return "", len(text)
+
+
+def _first_fitting(encode: Encode, text: str, starts: Sequence[int], limit: int) -> int | None:
+    """The first of ``starts`` (ascending) from which ``text`` has at most ``limit`` tokens
+    (a later start never has more: a binary search)."""
+    low, high = 0, len(starts)
+    while low < high:
+        mid = (low + high) // 2
+        if len(encode(text[starts[mid] :])) <= limit:
+            high = mid
+        else:
+            low = mid + 1
+    return starts[low] if low < len(starts) else None
 
 
 def _extra(

@@ -9,15 +9,15 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from infer.api.fim import (
-    ANCHOR_LINES,
-    STEP,
+    CUT_EVERY,
+    LANDMARK_EVERY,
     Chunk,
     FimRequest,
     Layout,
     Limits,
     build,
     editor_stops,
-    split_at_anchor,
+    landmarks,
 )
 from infer.engine.detokenizer import IncrementalDetokenizer, line_stop
 from infer.engine.params import EditorStops
@@ -101,46 +101,63 @@ def test_layouts(qwen_like: PreTrainedTokenizerBase) -> None:
     assert odd.ids.count(fim.middle) == 1
 
 
+CODE = "".join(f"    value_{i} = compute({i}, {i * 7 % 5})\n" for i in range(60))
+
+
+def test_landmarks_are_chosen_by_content() -> None:
+    marks = landmarks(CODE)
+    assert 60 // LANDMARK_EVERY // 3 < len(marks) < 60 // LANDMARK_EVERY * 3
+    assert all(CODE[m - 1] == "\n" for m in marks)
+    # a window of lines that slides on keeps them (each where its line now is)
+    shift = CODE.index("\n") + 1
+    assert landmarks(CODE[shift:]) == [m - shift for m in marks if m - shift > 0]
+    # the line being typed is never one
+    assert landmarks("a\nb") == [] and landmarks(CODE + "    val")[-1] <= len(CODE)
+
+
 def test_anchored_layout_moves_the_last_lines_after_the_middle_token(
     qwen_like: PreTrainedTokenizerBase,
 ) -> None:
     encode, fim = encoder(qwen_like), find_fim_tokens(qwen_like)
     assert fim is not None
-    lines = [f"line{i}\n" for i in range(ANCHOR_LINES + 3)]
-    text = "".join(lines) + "    ret"
-    before, given = split_at_anchor(text)
-    assert (
-        before == "".join(lines[:ANCHOR_LINES])
-        and given == "".join(lines[ANCHOR_LINES:]) + "    ret"
-    )
+    text = CODE + "    ret"
+    anchor = landmarks(text)[-1]
     built = build(encode, fim, FimRequest(text, "\nnext\n"), Layout.ANCHORED)
     assert qwen_like.decode(built.ids) == (
-        f"<|fim_prefix|>{before}<|fim_suffix|>\nnext\n<|fim_middle|>{given}"
+        f"<|fim_prefix|>{text[:anchor]}<|fim_suffix|>\nnext\n<|fim_middle|>{text[anchor:]}"
     )
-    # Typing on: every prompt starts with the one before, up to the cursor's last token.
-    previous = built.ids
-    for typed in ("u", "urn", "urn x\n", "urn x\nline12\n"):
-        now = build(encode, fim, FimRequest(text + typed, "\nnext\n"), Layout.ANCHORED).ids
-        assert now[: len(previous)] == previous
+    # Typing on: each prompt starts with the one before (up to the cursor's last token),
+    # but where a line just typed is a landmark: the suffix is read again there.
+    previous, moved = built.ids, 0
+    for i in range(40):
+        typed = text + "".join(f"urn {j}\n    ret" for j in range(i + 1))
+        now = build(encode, fim, FimRequest(typed, "\nnext\n"), Layout.ANCHORED).ids
+        if now[: len(previous) - 1] != previous[:-1]:
+            moved += 1
+            assert landmarks(typed)[-1] > landmarks(typed[: typed.rindex("urn")])[-1]
         previous = now
-    assert split_at_anchor("a\nb") == ("", "a\nb")
+    assert 0 < moved < 40 // 2
 
 
-def test_limits_keep_the_prefix_end_in_steps_and_the_suffix_start(
+def test_limits_cut_the_prefix_at_a_landmark_and_keep_the_suffix_start(
     qwen_like: PreTrainedTokenizerBase,
 ) -> None:
     encode, fim = encoder(qwen_like), find_fim_tokens(qwen_like)
     assert fim is not None
-    prefix = "".join(chr(97 + i % 26) for i in range(1000))
     limits = Limits(prefix=600, suffix=5)
-    built = build(encode, fim, FimRequest(prefix, "0123456789"), Layout.PSM, limits)
-    assert built.truncated and built.suffix_tokens == 5
-    assert built.prefix_tokens == 1000 - 2 * STEP  # cut at a multiple of STEP
-    text = qwen_like.decode(built.ids)
-    assert text.endswith(prefix[2 * STEP :] + "<|fim_suffix|>01234<|fim_middle|>")
-    # One more character does not move the cut: the kept prefix starts at the same token.
-    longer = build(encode, fim, FimRequest(prefix + "x", "0123456789"), Layout.PSM, limits)
-    assert longer.ids[: len(built.ids) - 8] == built.ids[: len(built.ids) - 8]
+    built = build(encode, fim, FimRequest(CODE, "0123456789"), Layout.PSM, limits)
+    assert built.truncated and built.suffix_tokens == 5 and built.prefix_tokens <= 600
+    kept = qwen_like.decode(built.ids).removeprefix("<|fim_prefix|>").split("<|fim_suffix|>")[0]
+    assert len(CODE) - len(kept) in landmarks(CODE, CUT_EVERY)
+    assert set(landmarks(CODE, CUT_EVERY)) <= set(landmarks(CODE))
+    assert qwen_like.decode(built.ids).endswith("<|fim_suffix|>01234<|fim_middle|>")
+    # More typed: the kept prefix starts at the same line
+    more = CODE + "    x = 1\n"
+    longer = build(encode, fim, FimRequest(more, "0123456789"), Layout.PSM, limits)
+    assert longer.ids[: built.prefix_tokens] == built.ids[: built.prefix_tokens]
+    # a single line longer than the limit is cut inside it
+    line = build(encode, fim, FimRequest("x" * 900, ""), Layout.PSM, Limits(prefix=100))
+    assert line.prefix_tokens == 100
 
 
 def test_extra_files_in_the_repo_level_format(qwen_like: PreTrainedTokenizerBase) -> None:
