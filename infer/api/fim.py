@@ -35,9 +35,9 @@ starts as Qwen2.5-Coder's repo-level format, as llama.cpp writes it:
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-import zlib
 from enum import StrEnum
 
 from infer.engine.params import EditorStops
