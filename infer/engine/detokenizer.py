@@ -75,11 +75,6 @@ class IncrementalDetokenizer:
         """All text emitted so far."""
         return "".join(self._text)
 
-    @property
-    def has_newline(self) -> bool:
-        """Whether the generated text holds a newline (shown or held back)."""
-        return "\n" in self._pending or any("\n" in t for t in self._text)
-
     def add(self, token_id: int) -> str:
         """Append a generated token.
 

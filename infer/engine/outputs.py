@@ -237,7 +237,7 @@ class OutputProcessor:
             delta = detok.add(token)
             if detok.stopped:
                 reason = FinishReason.STOP
-            elif len(req.output_ids) >= params.max_new_tokens or self._out_of_time(req):
+            elif len(req.output_ids) >= params.max_new_tokens or self._out_of_time(req, token):
                 delta, reason = delta + detok.finish(drop_partial=True), FinishReason.LENGTH
         if reason is not None:
             req.finish(RequestStatus.FINISHED, reason)
@@ -246,14 +246,14 @@ class OutputProcessor:
         req.text_len += len(delta)
         return out
 
-    def _out_of_time(self, req: Request) -> bool:
-        """Whether a code completion spent its time budget once its text holds a newline."""
+    def _out_of_time(self, req: Request, token: int) -> bool:
+        """Whether a code completion spent its time budget: checked at each token that ends
+        a line, so the completion ends with whole lines (as llama.cpp's does)."""
         editor = req.params.editor
         if editor is None or editor.time_budget_s is None or req.first_token_at is None:
             return False
-        assert req.detokenizer is not None  # set in queue
         spent = self.clock() - req.first_token_at
-        return spent >= editor.time_budget_s and req.detokenizer.has_newline
+        return spent >= editor.time_budget_s and "\n" in self._text(token)
 
     def _trace(
         self,

@@ -55,8 +55,8 @@ class EditorStops:
     Args:
         indent: A generated line indented by fewer columns (spaces or tabs) than this ends
             the completion before that line; 0: off. The first line is never cut.
-        time_budget_s: Once the text holds a newline, the completion ends after this long
-            since its first token (finish ``length``); ``None``: no limit.
+        time_budget_s: The completion ends at the first token that ends a line this long
+            after its first token (finish ``length``); ``None``: no limit.
         suffix_line: The first non-blank line of the text after the cursor, stripped; a
             generated line equal to it ends the completion before that line ("" : off).
         keep_newline: A completion cut before a line keeps that line's newline (the text

@@ -12,6 +12,7 @@ from transformers import PreTrainedTokenizerBase
 
 from infer.engine.config import EngineConfig
 from infer.engine.engine import Engine
+from infer.models.fim import find_fim_tokens
 from infer.server.app import create_app
 from infer.server.config import ServerConfig
 from support.server import GatedModel, StepGate
@@ -34,5 +35,6 @@ def build_app(
     """
     config = EngineConfig(**({"max_seq_len": 512, "max_batch_size": 4} | (engine or {})))
     net = GatedModel(model, gate) if gate else model
-    eng = Engine(config, net, tokenizer, eos_token_ids, name)  # type: ignore[arg-type]
+    fim = find_fim_tokens(tokenizer)
+    eng = Engine(config, net, tokenizer, eos_token_ids, name, fim=fim)  # type: ignore[arg-type]
     return create_app(ServerConfig(engine=config, **server), eng)
