@@ -19,6 +19,7 @@ from infer.engine.detokenizer import IncrementalDetokenizer
 from infer.engine.generate import generate
 from infer.engine.params import DEFAULT_MAX_TOKENS, SamplingParams
 from infer.engine.prompts import encode_prompt
+from infer.models.config import ModelKind
 from infer.models.loader import DEFAULT_SOURCE, LoadedModel, LoadError, load_model
 
 EXIT_USAGE = 2  # argparse's code for bad arguments; also ours for bad models and parameters
@@ -110,7 +111,7 @@ def _generate(args: argparse.Namespace) -> int:
         stop=args.stop,
         seed=args.seed,
     )
-    loaded = load_model(args.model, dtype=DTYPES[args.dtype])
+    loaded = load_model(args.model, dtype=DTYPES[args.dtype], kind=ModelKind.GENERATE)
     if args.chat and not loaded.chat_template:
         raise ValueError(f"{loaded.name} has no chat template; drop --chat")
     prompts = [args.prompt] if args.prompt is not None else _read_prompts(sys.stdin)
