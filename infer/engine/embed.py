@@ -115,7 +115,10 @@ class Embedder:
         if texts:
             lower = self.loaded.sentence.lowercase
             batch = [t.lower() if lower else t for _, t in texts]
-            encoded = self.loaded.tokenizer(batch, add_special_tokens=False)["input_ids"]
+            # verbose=False: a text past the model's length is ours to refuse or cut, without
+            # transformers' warning that it is "longer than the specified maximum"
+            tokenize = self.loaded.tokenizer
+            encoded = tokenize(batch, add_special_tokens=False, verbose=False)["input_ids"]
             for (i, _), ids in zip(texts, encoded, strict=True):
                 content[i] = list(ids)
         vocab = self.loaded.config.vocab_size
