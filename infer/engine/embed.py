@@ -153,13 +153,13 @@ class Embedder:
         longest = max(len(r) for r in rows)
         pad = self.loaded.config.pad_token_id
         ids = torch.full((len(rows), longest), pad, dtype=torch.long)
-        mask = torch.zeros(len(rows), longest, dtype=torch.bool)
         for j, row in enumerate(rows):
             ids[j, : len(row)] = torch.tensor(row)
-            mask[j, : len(row)] = True
+        lengths = torch.tensor([len(r) for r in rows])
+        mask = torch.arange(longest) < lengths[:, None]  # [B, T]
         sentence = self.loaded.sentence
         with torch.inference_mode():
-            hidden = self.loaded.model(ids, mask)  # [B, T, C]
+            hidden = self.loaded.model(ids, lengths)  # [B, T, C]
             vectors = pool(hidden, mask, sentence.pooling)
             return normalize(vectors) if sentence.normalize else vectors
 

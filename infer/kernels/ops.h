@@ -67,6 +67,11 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& weight,
 at::Tensor quant_gated_linear(const at::Tensor& x, const at::Tensor& weight,
                               const c10::optional<at::Tensor>& bias, bool gelu);
 
+// Bidirectional attention of an encoder's right-padded rows: qkv [B, T, 3 * H * D] bf16,
+// lengths int32 [B]; returns [B, T, H * D] bf16, zero in padding rows (encoder_attention.cpp).
+at::Tensor encoder_attention(const at::Tensor& qkv, const at::Tensor& lengths, int64_t heads,
+                             double scale);
+
 void paged_prefill_attention(const at::Tensor& q, const at::Tensor& k_cache,
                              const at::Tensor& v_cache, const at::Tensor& tables,
                              const at::Tensor& spans, double scale, int64_t window,

@@ -32,10 +32,10 @@ MAX_LENGTH = 24  # the tiny folder's sentence_bert_config max_seq_length
 def _tiny_bert(**overrides: object) -> transformers.BertModel:
     config = transformers.BertConfig(
         vocab_size=len(WORDS),
-        hidden_size=64,
+        hidden_size=128,
         num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=128,
+        num_attention_heads=4,  # head_dim 32, as MiniLM's: the bf16 attention kernel's case
+        intermediate_size=256,
         max_position_embeddings=32,
         attn_implementation="eager",
         **overrides,
@@ -53,31 +53,30 @@ def _encoder(ref: transformers.BertModel, dtype: torch.dtype) -> torch.nn.Module
     return create_encoder(config, ref.state_dict().items(), dtype)
 
 
-def _batch() -> tuple[torch.Tensor, torch.Tensor]:
+def _batch() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded rows of 11, 6 and 2 tokens: ids, lengths, mask."""
     ids = torch.randint(5, len(WORDS), (3, 11))
-    mask = torch.ones(3, 11, dtype=torch.bool)
-    mask[1, 6:] = False
-    mask[2, 2:] = False
-    return ids, mask
+    lengths = torch.tensor([11, 6, 2])
+    return ids, lengths, torch.arange(11) < lengths[:, None]
 
 
 @pytest.mark.parametrize("act", ["gelu", "gelu_new", "relu"])
 def test_encoder_matches_transformers_fp32(act: str) -> None:
     ref = _tiny_bert(hidden_act=act)
-    ids, mask = _batch()
+    ids, lengths, mask = _batch()
     with torch.inference_mode():
         want = ref(input_ids=ids, attention_mask=mask.long()).last_hidden_state
-        got = _encoder(ref, torch.float32)(ids, mask)
+        got = _encoder(ref, torch.float32)(ids, lengths)
     torch.testing.assert_close(got[mask], want[mask], atol=1e-4, rtol=1e-4)
 
 
 def test_encoder_in_bf16_stays_close() -> None:
     """bf16 rounds only the matmuls' inputs: the pooled vectors keep their direction."""
     ref = _tiny_bert()
-    ids, mask = _batch()
+    ids, lengths, mask = _batch()
     with torch.inference_mode():
         want = ref(input_ids=ids, attention_mask=mask.long()).last_hidden_state
-        got = _encoder(ref, torch.bfloat16)(ids, mask)
+        got = _encoder(ref, torch.bfloat16)(ids, lengths)
     cos = F.cosine_similarity(pool(got, mask, ("mean",)), pool(want, mask, ("mean",)))
     assert cos.min() > 0.9995
 
@@ -85,11 +84,30 @@ def test_encoder_in_bf16_stays_close() -> None:
 def test_padding_does_not_change_a_row() -> None:
     ref = _tiny_bert()
     encoder = _encoder(ref, torch.float32)
-    ids, mask = _batch()
+    ids, lengths, mask = _batch()
     with torch.inference_mode():
-        alone = encoder(ids[1:2, :6], mask[1:2, :6])
-        padded = encoder(ids, mask)[1:2, :6]
+        alone = encoder(ids[1:2, :6], lengths[1:2])
+        padded = encoder(ids, lengths)[1:2, :6]
     torch.testing.assert_close(padded, alone, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(not kernels.has_bf16(), reason="the kernel needs AVX512-BF16")
+@pytest.mark.parametrize(
+    ("rows", "tokens", "heads", "dim"), [(3, 37, 4, 32), (2, 17, 2, 64), (1, 5, 3, 128)]
+)
+def test_attention_kernel_matches_sdpa(rows: int, tokens: int, heads: int, dim: int) -> None:
+    """Right-padded rows (one full, the others random lengths); padding rows come back 0."""
+    qkv = (torch.randn(rows, tokens, 3 * heads * dim) * 2).bfloat16()
+    lengths = torch.randint(1, tokens + 1, (rows,), dtype=torch.int32)
+    lengths[0] = tokens
+    got = kernels.ops().encoder_attention(qkv, lengths, heads, dim**-0.5).float()
+    q, k, v = qkv.float().view(rows, tokens, 3, heads, dim).permute(2, 0, 3, 1, 4).unbind(0)
+    real = torch.arange(tokens) < lengths[:, None]  # [B, T]
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=real[:, None, None, :])
+    want = want.transpose(1, 2).reshape(rows, tokens, heads * dim)
+    # bf16 P and output: within a few of bf16's rounding steps of the float32 reference
+    torch.testing.assert_close(got[real], want[real], atol=0.03, rtol=0.02)
+    assert not got[~real].any()
 
 
 def test_encoder_weights_are_checked() -> None:
@@ -187,7 +205,7 @@ def bert_dir(tmp_path_factory: pytest.TempPathFactory) -> tuple[transformers.Ber
     path = tmp_path_factory.mktemp("bert")
     ref.save_pretrained(path)
     transformers.BertTokenizer(vocab={w: i for i, w in enumerate(WORDS)}).save_pretrained(path)
-    _write_modules(path, {"word_embedding_dimension": 64, "pooling_mode_mean_tokens": True})
+    _write_modules(path, {"word_embedding_dimension": 128, "pooling_mode_mean_tokens": True})
     return ref, path
 
 
@@ -209,7 +227,7 @@ def _reference(ref: transformers.BertModel, rows: list[list[int]]) -> torch.Tens
 def test_loader_marks_an_embedding_model(bert_dir: tuple[transformers.BertModel, Path]) -> None:
     loaded = load_model(str(bert_dir[1]), dtype=torch.float32)
     assert isinstance(loaded, LoadedEmbeddingModel)
-    assert loaded.kind is ModelKind.EMBED and loaded.dimensions == 64
+    assert loaded.kind is ModelKind.EMBED and loaded.dimensions == 128
     assert loaded.sentence == SentenceConfig(("mean",), True, MAX_LENGTH)
     with pytest.raises(LoadError, match="is an embedding model: it cannot generate text"):
         load_model(str(bert_dir[1]), kind=ModelKind.GENERATE)
@@ -229,7 +247,7 @@ def test_embedder_matches_the_reference_in_input_order(
     rows = embedder.encode(texts)
     assert rows[0] == [2, 6, 7, 8, 3] and rows[2] == [2, 3]  # [CLS] ... [SEP]
     assert out.token_counts == [len(r) for r in rows] and out.total_tokens == sum(map(len, rows))
-    assert out.vectors.dtype == torch.float32 and out.vectors.shape == (5, 64)
+    assert out.vectors.dtype == torch.float32 and out.vectors.shape == (5, 128)
     torch.testing.assert_close(out.vectors, _reference(bert_dir[0], rows), atol=1e-5, rtol=1e-4)
 
 
@@ -272,7 +290,7 @@ def test_requests_it_cannot_take(embedder: Embedder) -> None:
     with pytest.raises(RequestError, match="does not support dimensions=32") as e:
         embedder.embed(["w1"], dimensions=32)
     assert e.value.reason is Refusal.INVALID_VALUE
-    assert embedder.embed(["w1"], dimensions=64).vectors.shape == (1, 64)
+    assert embedder.embed(["w1"], dimensions=128).vectors.shape == (1, 128)
 
 
 def test_the_bf16_encoder_embeds_close_to_fp32(
