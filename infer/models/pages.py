@@ -60,7 +60,10 @@ class _Arena:
             region.madvise(mmap.MADV_HUGEPAGE)
         except OSError:  # refused (a sandbox's seccomp, say): the memory serves on 4 KB pages
             pass
-        whole = torch.frombuffer(region, dtype=torch.uint8)  # keeps `region` mapped
+        # never an inference tensor, even when a load runs under inference_mode: the chunk
+        # serves later loads too, and they write into it
+        with torch.inference_mode(False):
+            whole = torch.frombuffer(region, dtype=torch.uint8)  # keeps `region` mapped
         start = -whole.data_ptr() % HUGE_PAGE
         return whole[start : start + size]
 
