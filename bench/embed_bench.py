@@ -1,29 +1,48 @@
-"""Embedding throughput: infer's Embedder against sentence-transformers, same model, same threads.
+"""Embedding throughput: infer's Embedder against sentence-transformers (and llama.cpp's
+``llama-server --embedding``), same model, same threads.
 
     python bench/embed_bench.py                     # 32 code chunks of 256 tokens, 2 threads
-    python bench/embed_bench.py --rounds 8 --dtype float32 --threads 2
+    python bench/embed_bench.py --rounds 8 --dtype float32
+    python bench/embed_bench.py --gguf minilm-bf16.gguf   # and llama-server (make peers)
 
 Each round embeds one batch of ``--batch`` chunks of Python source (the standard library's
-own, cut at ``--tokens`` tokens with [CLS] and [SEP]) with both, in turns whose order swaps
-every round, so a VM whose speed moves from minute to minute slows both alike. Both time the
-whole call from text to normalised vectors (tokenizing included). Tokens/s counts the tokens
-the model read. The last line is the smallest cosine between the two systems' vectors.
+own, cut at ``--tokens`` tokens with [CLS] and [SEP]) with each system, in turns whose order
+rotates every round, so a VM whose speed moves from minute to minute slows all alike. Each
+times the whole call from text to normalised vectors (tokenizing included; llama-server's
+over loopback HTTP). Tokens/s counts the tokens each system's model read. The last lines are
+the smallest cosine between each system's vectors and sentence-transformers'.
+
+The GGUF comes from llama.cpp's own converter (in the llama-cpp-python source package that
+``make peers`` unpacks into .peers/llama-src), on the folder infer extracts:
+``python convert_hf_to_gguf.py ~/.cache/infer/models/all-minilm-l6-v2 --outtype bf16
+--outfile minilm-bf16.gguf``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import inspect
 import platform
 import statistics
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
+import httpx
 import torch
 import torch.nn.functional as F
 from sentence_transformers import SentenceTransformer
+from torch import Tensor
+from transformers import PreTrainedTokenizerBase
 
+from infer.bench.servers import (
+    default_llama_server,
+    free_port,
+    llama_server_command,
+    running_server,
+)
 from infer.engine.embed import DEFAULT_TOKEN_BUDGET, Embedder
 from infer.models import packaged
 from infer.models.config import ModelKind
@@ -33,16 +52,16 @@ MODEL = "all-minilm-l6-v2"
 SOURCES = ("argparse", "inspect", "json.decoder", "textwrap", "dataclasses")
 
 
-def code_chunks(tokenizer: object, count: int, tokens: int) -> list[str]:
+def code_chunks(tokenizer: PreTrainedTokenizerBase, count: int, tokens: int) -> list[str]:
     """``count`` pieces of standard-library source, each ``tokens - 2`` tokens long."""
     import importlib
 
     text = "\n".join(inspect.getsource(importlib.import_module(m)) for m in SOURCES)
-    ids = tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]  # type: ignore[operator]
+    ids = tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
     size = tokens - 2
     if len(ids) < count * size:
         raise SystemExit(f"the sources hold {len(ids)} tokens, fewer than {count} x {size}")
-    return [tokenizer.decode(ids[i * size : (i + 1) * size]) for i in range(count)]  # type: ignore[attr-defined]
+    return [str(tokenizer.decode(ids[i * size : (i + 1) * size])) for i in range(count)]
 
 
 def cpu_name() -> str:
@@ -55,12 +74,6 @@ def cpu_name() -> str:
     return f"{get('Model name', '?')} family {get('CPU family', '?')} model {get('Model', '?')}"
 
 
-def timed(call: Callable[[], object]) -> float:
-    start = time.perf_counter()
-    call()
-    return time.perf_counter() - start
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=32)
@@ -69,6 +82,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
     parser.add_argument("--token-budget", type=int, default=DEFAULT_TOKEN_BUDGET)
+    parser.add_argument("--gguf", type=Path, help="the model as GGUF: adds llama-server")
+    parser.add_argument("--llama-server", type=Path, default=None)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -76,39 +91,98 @@ def main() -> None:
     ours = Embedder(loaded, token_budget=args.token_budget)
     reference = SentenceTransformer(str(packaged.extract(MODEL)), device="cpu")
     chunks = code_chunks(loaded.tokenizer, args.batch, args.tokens)
-    tokens = ours.embed(chunks, truncate=True).total_tokens  # also warms both up
-    reference.encode(chunks, batch_size=args.batch)
+    tokens = ours.embed(chunks, truncate=True).total_tokens  # same tokenizer as the reference
 
-    def run_ours() -> object:
-        return ours.embed(chunks, truncate=True)
+    def run_ours() -> tuple[int, Tensor]:
+        out = ours.embed(chunks, truncate=True)
+        return out.total_tokens, out.vectors
 
-    def run_reference() -> object:
-        return reference.encode(chunks, batch_size=args.batch)
+    def run_reference() -> tuple[int, Tensor]:
+        return tokens, reference.encode(chunks, batch_size=args.batch, convert_to_tensor=True)
 
-    print(f"{cpu_name()}; torch {torch.__version__}, {torch.get_num_threads()} threads")
-    print(
-        f"{args.batch} chunks, {tokens} tokens; infer in {loaded.model.dtype}, budget "
-        f"{args.token_budget} tokens a forward; sentence-transformers in float32, one batch"
-    )
-    print("| round | infer tok/s | sentence-transformers tok/s | ratio |")
-    print("|---|---|---|---|")
-    ratios, rates = [], []
-    for r in range(args.rounds):
-        if r % 2:
-            ref_s, ours_s = timed(run_reference), timed(run_ours)
-        else:
-            ours_s, ref_s = timed(run_ours), timed(run_reference)
-        rates.append((tokens / ours_s, tokens / ref_s))
-        ratios.append(ref_s / ours_s)
+    systems: dict[str, Callable[[], tuple[int, Tensor]]] = {
+        "infer": run_ours,
+        "sentence-transformers": run_reference,
+    }
+    with contextlib.ExitStack() as stack:
+        if args.gguf is not None:
+            binary = args.llama_server or default_llama_server()
+            systems["llama.cpp"] = stack.enter_context(
+                llama_embedder(binary, args.gguf, args.threads, args.batch, chunks)
+            )
+        print(f"{cpu_name()}; torch {torch.__version__}, {torch.get_num_threads()} threads")
         print(
-            f"| {r + 1} | {tokens / ours_s:,.0f} | {tokens / ref_s:,.0f} | {ref_s / ours_s:.2f}x |"
+            f"{args.batch} chunks, {tokens} tokens; infer in {args.dtype}, "
+            f"{args.token_budget} tokens a forward; sentence-transformers in float32"
+            + (f"; llama-server on {args.gguf.name}" if args.gguf else "")
         )
-    ours_med = statistics.median(r[0] for r in rates)
-    ref_med = statistics.median(r[1] for r in rates)
-    print(f"| median | {ours_med:,.0f} | {ref_med:,.0f} | {statistics.median(ratios):.2f}x |")
-    got = ours.embed(chunks, truncate=True).vectors
-    want = reference.encode(chunks, batch_size=args.batch, convert_to_tensor=True)
-    print(f"min cosine infer vs sentence-transformers: {F.cosine_similarity(got, want).min():.6f}")
+        rounds(systems, args.rounds)
+
+
+def rounds(systems: dict[str, Callable[[], tuple[int, Tensor]]], n: int) -> None:
+    """``n`` rounds, the systems' order rotating; a table of tokens/s and infer's ratios."""
+    names = list(systems)
+    vectors = {name: call()[1] for name, call in systems.items()}  # warm-up
+    rates: dict[str, list[float]] = {name: [] for name in names}
+    print(
+        "| round | "
+        + " | ".join(f"{n} tok/s" for n in names)
+        + " | "
+        + " | ".join(f"infer / {n}" for n in names[1:])
+        + " |"
+    )
+    print("|---" * (2 * len(names)) + "|")
+    for r in range(n):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            start = time.perf_counter()
+            count, _ = systems[name]()
+            rates[name].append(count / (time.perf_counter() - start))
+        row = [rates[name][-1] for name in names]
+        print(
+            f"| {r + 1} | "
+            + " | ".join(f"{x:,.0f}" for x in row)
+            + " | "
+            + " | ".join(f"{row[0] / x:.2f}x" for x in row[1:])
+            + " |"
+        )
+    med = [statistics.median(rates[name]) for name in names]
+    ours = rates["infer"]
+    ratios = [
+        statistics.median(a / b for a, b in zip(ours, rates[n], strict=True)) for n in names[1:]
+    ]
+    print(
+        "| median | "
+        + " | ".join(f"{x:,.0f}" for x in med)
+        + " | "
+        + " | ".join(f"{x:.2f}x" for x in ratios)
+        + " |"
+    )
+    want = vectors["sentence-transformers"]
+    for name in names:
+        if name != "sentence-transformers":
+            cos = F.cosine_similarity(vectors[name], want).min()
+            print(f"min cosine {name} vs sentence-transformers: {cos:.6f}")
+
+
+@contextlib.contextmanager
+def llama_embedder(
+    binary: Path, gguf: Path, threads: int, slots: int, chunks: list[str]
+) -> Iterator[Callable[[], tuple[int, Tensor]]]:
+    """``llama-server --embedding --pooling mean`` on ``gguf``, a slot per chunk, and a call
+    that posts the chunks to its ``/v1/embeddings`` (its default 512-token ubatch measured
+    fastest: a larger one attends across the sequences it holds)."""
+    port = free_port()
+    command = llama_server_command(binary, port, gguf, threads, slots, 512)
+    command += ["--embedding", "--pooling", "mean", "--batch-size", str(slots * 512)]
+    url = f"http://127.0.0.1:{port}"
+    with running_server(command, url, "/health"), httpx.Client(timeout=600) as client:
+
+        def call() -> tuple[int, Tensor]:
+            body = client.post(f"{url}/v1/embeddings", json={"input": chunks}).json()
+            vectors = torch.tensor([d["embedding"] for d in body["data"]])
+            return int(body["usage"]["prompt_tokens"]), vectors
+
+        yield call
 
 
 if __name__ == "__main__":
