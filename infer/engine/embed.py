@@ -47,7 +47,9 @@ class Embedder:
     gets them added the same way, so ``[ids of text]`` and ``text`` embed alike.
     """
 
-    def __init__(self, loaded: LoadedEmbeddingModel, token_budget: int = DEFAULT_TOKEN_BUDGET):
+    def __init__(
+        self, loaded: LoadedEmbeddingModel, token_budget: int = DEFAULT_TOKEN_BUDGET
+    ) -> None:
         if token_budget < loaded.sentence.max_length:
             raise ValueError(f"token_budget {token_budget} cannot hold one longest input")
         self.loaded = loaded
