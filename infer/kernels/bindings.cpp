@@ -49,6 +49,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "rows of gate and up taken 32 at a time in turn (SiLU, or tanh-GELU when gelu)",
         py::arg("x"), py::arg("packed"), py::arg("width"), py::arg("bias") = py::none(),
         py::arg("gelu") = false, NoGil());
+  m.def("bf16_gelu_linear", &bf16_gelu_linear,
+        "erf-GELU(x @ W.T + bias) in bf16 with a packed bf16 weight (the activation on the "
+        "float accumulators)",
+        py::arg("x"), py::arg("packed"), py::arg("out_features"), py::arg("bias") = py::none(),
+        NoGil());
   m.def("has_quant_linear", &has_quant_linear,
         "whether this build has the quantized linears (AVX512-VNNI, AVX-VNNI or AVX2)", NoGil());
   m.def("quant_isa", &quant_isa,

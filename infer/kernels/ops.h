@@ -55,6 +55,11 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed, int64_t ou
 at::Tensor bf16_gated_linear(const at::Tensor& x, const at::Tensor& packed, int64_t width,
                              const c10::optional<at::Tensor>& bias, bool gelu);
 
+// erf-GELU(x @ W.T + bias) in bf16, the activation applied to the float accumulators (BERT's
+// intermediate projection).
+at::Tensor bf16_gelu_linear(const at::Tensor& x, const at::Tensor& packed, int64_t out_features,
+                            const c10::optional<at::Tensor>& bias);
+
 // Linears over weights packed by infer.models.quant (AVX512-VNNI, AVX-VNNI or AVX2; see
 // quant_linear.cpp).
 bool has_quant_linear();

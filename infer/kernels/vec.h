@@ -133,6 +133,28 @@ inline __m512 gelu_tanh16(__m512 x) {
                        _mm512_sub_ps(_mm512_set1_ps(2.f), t));
 }
 
+// GELU's erf form 0.5x(1 + erf(x / sqrt 2)) on 16 lanes (BERT's), erf by Abramowitz and
+// Stegun 7.1.26 (absolute error under 1.5e-7; torch's vectorized erf takes the same steps).
+inline __m512 gelu_erf16(__m512 x) {
+  const __m512 z = _mm512_mul_ps(x, _mm512_set1_ps(0.7071067811865476f));
+  const __m512 a = _mm512_abs_ps(z);
+  const __m512 t = _mm512_div_ps(_mm512_set1_ps(1.f),
+                                 _mm512_fmadd_ps(_mm512_set1_ps(0.3275911f), a,
+                                                 _mm512_set1_ps(1.f)));
+  __m512 p = _mm512_set1_ps(1.061405429f);
+  p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(-1.453152027f));
+  p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(1.421413741f));
+  p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(-0.284496736f));
+  p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(0.254829592f));
+  const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(a, a)));
+  const __m512 erf_abs = _mm512_fnmadd_ps(_mm512_mul_ps(p, t), e, _mm512_set1_ps(1.f));
+  // erf's sign is z's (integer ops: AVX512F alone has no float and/or)
+  const __m512i sign = _mm512_and_si512(_mm512_castps_si512(z), _mm512_set1_epi32(INT32_MIN));
+  const __m512 erf = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(erf_abs), sign));
+  return _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(0.5f), x),
+                       _mm512_add_ps(_mm512_set1_ps(1.f), erf));
+}
+
 // n bf16 values (masked) widened to float.
 inline __m512 load_bf16(const void* p, __mmask16 mask) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(

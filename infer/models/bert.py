@@ -175,9 +175,18 @@ class BertLayer(nn.Module):
         attn = self._attention(qkv, pad)  # [B, T, C]
         out = self.attention.output
         x = _add_norm(_linear(out.dense, attn), x, out.LayerNorm)
-        hidden = _linear(self.intermediate.dense, x.to(dtype))
-        hidden = _activation(hidden, self.config.hidden_act).to(dtype)
+        hidden = self._intermediate(x.to(dtype))
         return _add_norm(_linear(self.output.dense, hidden), x, self.output.LayerNorm)
+
+    def _intermediate(self, x: Tensor) -> Tensor:
+        """``act(x @ W.T + b)`` in ``x``'s dtype, the activation in float32."""
+        linear, act = self.intermediate.dense, self.config.hidden_act
+        if isinstance(linear, Bf16Linear) and act == "gelu":
+            # the GELU on the kernel's float accumulators: no float32 [N, I] written and reread
+            return kernels.ops().bf16_gelu_linear(
+                x, linear.packed, linear.out_features, linear.bias
+            )
+        return _activation(_linear(linear, x), act).to(x.dtype)
 
     def _attention(self, qkv: Tensor, pad: Padding) -> Tensor:
         h, d = self.config.num_attention_heads, self.config.head_dim

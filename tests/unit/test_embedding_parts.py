@@ -20,6 +20,7 @@ from infer.models import packaged
 from infer.models.bert import BertConfig
 from infer.models.config import ModelKind
 from infer.models.derived_files import MARKER_NAME
+from infer.models.linear import Bf16Linear
 from infer.models.loader import LoadedEmbeddingModel, LoadError, load_model
 from infer.models.pooling import SentenceConfig, pool, read_sentence_config
 from infer.models.registry import create_encoder
@@ -110,6 +111,18 @@ def test_attention_kernel_matches_sdpa(rows: int, tokens: int, heads: int, dim: 
     # bf16 P and output: within a few of bf16's rounding steps of the float32 reference
     torch.testing.assert_close(got[real], want[real], atol=0.03, rtol=0.02)
     assert not got[~real].any()
+
+
+@pytest.mark.skipif(not kernels.has_bf16(), reason="the kernel needs AVX512-BF16")
+def test_gelu_linear_matches_gelu_of_the_float_output() -> None:
+    """The erf-GELU epilogue against F.gelu of the same accumulators: within a rounding of bf16
+    (the tail below -4, where GELU is under 1e-4, within 1e-6)."""
+    weight, bias = (torch.randn(96, 64) * 0.2).bfloat16(), torch.randn(96)
+    linear = Bf16Linear(weight, bias)
+    x = (torch.randn(13, 64) * 3).bfloat16()
+    got = kernels.ops().bf16_gelu_linear(x, linear.packed, 96, bias).float()
+    want = F.gelu(linear(x, out_float=True))
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=2**-8)
 
 
 def test_encoder_weights_are_checked() -> None:
