@@ -125,6 +125,7 @@ def _add_generate(commands: argparse._SubParsersAction) -> None:
 def _generate(args: argparse.Namespace) -> int:
     from infer.engine.config import DTYPES
     from infer.engine.prompts import encode_prompt
+    from infer.models.config import ModelKind
     from infer.models.loader import load_model
 
     params = SamplingParams.checked(
@@ -136,7 +137,7 @@ def _generate(args: argparse.Namespace) -> int:
         stop=args.stop,
         seed=args.seed,
     )
-    loaded = load_model(args.model, dtype=DTYPES[args.dtype])
+    loaded = load_model(args.model, dtype=DTYPES[args.dtype], kind=ModelKind.GENERATE)
     if args.chat and not loaded.chat_template:
         raise ValueError(f"{loaded.name} has no chat template; drop --chat")
     prompts = [args.prompt] if args.prompt is not None else _read_prompts(sys.stdin)

@@ -51,6 +51,7 @@ from infer.bench.workloads import (
     build_workloads,
 )
 from infer.engine.config import DTYPES
+from infer.models.config import ModelKind
 from infer.models.errors import LoadError
 from infer.models.loader import LoadedModel, load_model
 
@@ -217,7 +218,7 @@ def run_bench(args: argparse.Namespace) -> int:
         raise ValueError("infer bench draws its charts with matplotlib: pip install matplotlib")
     if args.threads:
         torch.set_num_threads(args.threads)  # the servers get --num-threads
-    loaded = load_model(args.model, DTYPES[args.dtype])
+    loaded = load_model(args.model, DTYPES[args.dtype], kind=ModelKind.GENERATE)
     workloads = build_workloads(
         loaded.tokenizer, args.workloads, args.scale, args.seed, args.concurrency, args.rate
     )

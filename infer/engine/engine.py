@@ -96,13 +96,15 @@ class Engine:
         Raises:
             LoadError: The model cannot be loaded.
         """
+        from infer.models.config import ModelKind
         from infer.models.loader import load_model
 
         dtype = DTYPES[config.dtype]
-        loaded = load_model(config.model, dtype, config.device, config.weights)
+        where = (dtype, config.device, config.weights)
+        loaded = load_model(config.model, *where, kind=ModelKind.GENERATE)
         draft = None
         if config.draft_model is not None:
-            drafter = load_model(config.draft_model, dtype, config.device, config.weights)
+            drafter = load_model(config.draft_model, *where, kind=ModelKind.GENERATE)
             try:
                 DraftModel.check_tokenizer(loaded.tokenizer, drafter.tokenizer)
             except ValueError as e:

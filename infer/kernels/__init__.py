@@ -33,6 +33,7 @@ SOURCES = (
     "linear.cpp",
     "quant_linear.cpp",
     "prefill_attention.cpp",
+    "encoder_attention.cpp",
     "sampling.cpp",
     "decode_stack.cpp",
 )

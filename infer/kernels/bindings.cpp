@@ -33,6 +33,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "Into out's span rows: causal attention of every prompt span of q [N, H, D] over its "
         "sequence in the paged cache (bf16, blocks of 16; spans int32 [S, 3] = offset, "
         "length, start; window 0 = none)", NoGil());
+  m.def("encoder_attention", &encoder_attention,
+        "Bidirectional attention of right-padded rows of a fused qkv [B, T, 3 * H * D] (bf16; "
+        "row b's first lengths[b] tokens real): [B, T, H * D], padding rows 0", NoGil());
   m.def("set_amx", &set_amx,
         "use AMX tiles in the bf16 linears and prefill attention if the CPU has them; "
         "returns whether they are used", NoGil());
@@ -46,6 +49,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "rows of gate and up taken 32 at a time in turn (SiLU, or tanh-GELU when gelu)",
         py::arg("x"), py::arg("packed"), py::arg("width"), py::arg("bias") = py::none(),
         py::arg("gelu") = false, NoGil());
+  m.def("bf16_gelu_linear", &bf16_gelu_linear,
+        "erf-GELU(x @ W.T + bias) in bf16 with a packed bf16 weight (the activation on the "
+        "float accumulators)",
+        py::arg("x"), py::arg("packed"), py::arg("out_features"), py::arg("bias") = py::none(),
+        NoGil());
   m.def("has_quant_linear", &has_quant_linear,
         "whether this build has the quantized linears (AVX512-VNNI, AVX-VNNI or AVX2)", NoGil());
   m.def("quant_isa", &quant_isa,

@@ -37,8 +37,11 @@ constexpr int64_t kCols = 4;        // packed blocks per tile (64 columns)
 constexpr int64_t kRows = 6;        // rows per tile: 24 accumulators + 4 weights + 1 broadcast
 constexpr int64_t kRowBlock = 64;   // rows per pass over the weights
 
-// The gated projection's activations: none (a plain linear), SiLU or tanh-GELU.
-enum Act : int { kNone = 0, kSilu = 1, kGelu = 2 };
+// The gated projection's activations: none (a plain linear), SiLU or tanh-GELU; or erf-GELU
+// on a plain linear's outputs (BERT's intermediate projection).
+enum Act : int { kNone = 0, kSilu = 1, kGelu = 2, kGeluErf = 3 };
+
+inline bool gated(Act act) { return act == kSilu || act == kGelu; }
 
 // What the tiles of one work item share: its 64-column group of the packed weight, and where
 // the weights of the thread's next item are, to prefetch a line of every `pf_every` k pairs.
@@ -54,13 +57,13 @@ struct Group {
   Act act;
 };
 
-// The epilogue of one output row: bias, the gated activation (act(gate) * up) or none, then
-// bf16 or float stores of the row's C blocks of 16 columns. Both kernels end with it, so their
+// The epilogue of one output row: bias, the gated activation (act(gate) * up), erf-GELU or
+// none, then bf16 or float stores of the row's C blocks of 16 columns. Both kernels end with it, so their
 // results round alike.
 template <int C>
 inline void finish_row(const Group& g, const __m512* acc, void* out) {
   if constexpr (C == kCols) {
-    if (g.act != kNone) {
+    if (gated(g.act)) {
       for (int c = 0; c < C / 2; ++c) {
         const __m512 bg = g.bias ? _mm512_loadu_ps(g.bias + c * kLanes) : _mm512_setzero_ps();
         const __m512 bu =
@@ -80,7 +83,8 @@ inline void finish_row(const Group& g, const __m512* acc, void* out) {
     const __mmask16 mask = lanes(n);
     const __m512 b =
         g.bias ? _mm512_maskz_loadu_ps(mask, g.bias + c * kLanes) : _mm512_setzero_ps();
-    const __m512 v = _mm512_add_ps(acc[c], b);
+    __m512 v = _mm512_add_ps(acc[c], b);
+    if (g.act == kGeluErf) v = gelu_erf16(v);
     if (g.out_float) {
       _mm512_mask_storeu_ps(static_cast<float*>(out) + c * kLanes, mask, v);
     } else {
@@ -408,8 +412,8 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t out_fea
   if (x2.stride(0) != k) x2 = x2.contiguous();
   const int64_t rows = x2.size(0);
   // A gated weight's groups are 32 gate then 32 up columns; its output is half as wide.
-  const int64_t width = act == kNone ? out_features : out_features / 2;
-  TORCH_CHECK(act == kNone || out_features % (kCols * kLanes) == 0,
+  const int64_t width = gated(act) ? out_features / 2 : out_features;
+  TORCH_CHECK(!gated(act) || out_features % (kCols * kLanes) == 0,
               "a gated weight needs a multiple of 64 output features");
   auto sizes = x.sizes().vec();
   sizes.back() = width;
@@ -438,7 +442,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t out_fea
   // last group of a plain linear into two 32-column items (6 x 2 tiles) and puts them in the
   // middle of the row block's items, where two threads' shares meet: each thread gets half
   // of it. AMX items stay whole.
-  const bool split = !amx && act == kNone && groups % 2 == 1 && blocks % kCols == 0 &&
+  const bool split = !amx && !gated(act) && groups % 2 == 1 && blocks % kCols == 0 &&
                      at::get_num_threads() == 2;
   const int64_t per_block = groups + (split ? 1 : 0), middle = per_block / 2;
   struct Span {
@@ -459,7 +463,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t out_fea
     const int64_t tiles = (r1 - r0 + kRows - 1) / kRows;
     Group g{wp + first * block_stride, block_stride, k_pairs, bp ? bp + col : nullptr,
             out_features - col, width, out_float, 1, act};
-    const int64_t out_col = act == kNone ? col : col / 2;
+    const int64_t out_col = gated(act) ? col / 2 : col;
     const char* pf = nullptr;
     const char* pf_end = nullptr;
     int64_t pf_per_tile = 0;
@@ -510,6 +514,11 @@ at::Tensor bf16_gated_linear(const at::Tensor& x, const at::Tensor& packed, int6
   return linear(x, packed, 2 * width, bias, false, gelu ? kGelu : kSilu);
 }
 
+at::Tensor bf16_gelu_linear(const at::Tensor& x, const at::Tensor& packed, int64_t out_features,
+                            const c10::optional<at::Tensor>& bias) {
+  return linear(x, packed, out_features, bias, false, kGeluErf);
+}
+
 #else  // no AVX512-BF16 on this CPU: the model keeps oneDNN's linears
 
 bool has_bf16_linear() { return false; }
@@ -529,6 +538,11 @@ at::Tensor bf16_linear(const at::Tensor&, const at::Tensor&, int64_t,
 
 at::Tensor bf16_gated_linear(const at::Tensor&, const at::Tensor&, int64_t,
                              const c10::optional<at::Tensor>&, bool) {
+  TORCH_CHECK(false, "this CPU has no AVX512-BF16");
+}
+
+at::Tensor bf16_gelu_linear(const at::Tensor&, const at::Tensor&, int64_t,
+                            const c10::optional<at::Tensor>&) {
   TORCH_CHECK(false, "this CPU has no AVX512-BF16");
 }
 

@@ -55,6 +55,11 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed, int64_t ou
 at::Tensor bf16_gated_linear(const at::Tensor& x, const at::Tensor& packed, int64_t width,
                              const c10::optional<at::Tensor>& bias, bool gelu);
 
+// erf-GELU(x @ W.T + bias) in bf16, the activation applied to the float accumulators (BERT's
+// intermediate projection).
+at::Tensor bf16_gelu_linear(const at::Tensor& x, const at::Tensor& packed, int64_t out_features,
+                            const c10::optional<at::Tensor>& bias);
+
 // Linears over weights packed by infer.models.quant (AVX512-VNNI, AVX-VNNI or AVX2; see
 // quant_linear.cpp).
 bool has_quant_linear();
@@ -66,6 +71,11 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& weight,
 
 at::Tensor quant_gated_linear(const at::Tensor& x, const at::Tensor& weight,
                               const c10::optional<at::Tensor>& bias, bool gelu);
+
+// Bidirectional attention of an encoder's right-padded rows: qkv [B, T, 3 * H * D] bf16,
+// lengths int32 [B]; returns [B, T, H * D] bf16, zero in padding rows (encoder_attention.cpp).
+at::Tensor encoder_attention(const at::Tensor& qkv, const at::Tensor& lengths, int64_t heads,
+                             double scale);
 
 void paged_prefill_attention(const at::Tensor& q, const at::Tensor& k_cache,
                              const at::Tensor& v_cache, const at::Tensor& tables,

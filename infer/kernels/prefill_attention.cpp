@@ -102,40 +102,6 @@ struct Item {
   int64_t span, head, r0, cost;
 };
 
-// e^x for x <= 0 as P needs it: rounded to bf16 right after, so 2^t, t = x log2(e), is its
-// nearest integer (applied by scalef, which also takes very negative t to 0) times a degree-4
-// polynomial of the fraction in [-0.5, 0.5] (relative error under 6e-5, a seventieth of bf16's
-// rounding step). t comes in already scaled.
-inline __m512 exp2_for_bf16(__m512 t) {
-  const __m512 whole = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_sub_ps(t, whole);
-  __m512 p = _mm512_set1_ps(0.00961812911f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.0555041087f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.240226507f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.693147182f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
-  return _mm512_scalef_ps(p, whole);
-}
-
-// One score row: p[t] = bf16(e^((x[t] - max) scale)) for t in [lo, hi), the max taken there,
-// and 0 for t in [begin, lo) and [hi, end). Returns the sum of the exponentials.
-inline float exp_row(const float* x, uint16_t* p, int64_t begin, int64_t lo, int64_t hi,
-                     int64_t end, float scale) {
-  const float c = scale * 1.44269504088896341f;  // e^(s scale) = 2^(s c)
-  const __m512 vc = _mm512_set1_ps(c), shift = _mm512_set1_ps(row_max(x + lo, hi - lo) * c);
-  __m512 sum = _mm512_setzero_ps();
-  std::memset(p + begin, 0, (lo - begin) * sizeof(uint16_t));
-  for (int64_t t = lo; t < hi; t += 16) {
-    const __mmask16 mask = lanes(hi - t);
-    const __m512 e = _mm512_maskz_mov_ps(
-        mask, exp2_for_bf16(_mm512_fmsub_ps(_mm512_maskz_loadu_ps(mask, x + t), vc, shift)));
-    sum = _mm512_add_ps(sum, e);
-    _mm256_mask_storeu_epi16(p + t, mask, (__m256i)_mm512_cvtneps_pbh(e));
-  }
-  std::memset(p + hi, 0, (end - hi) * sizeof(uint16_t));
-  return _mm512_reduce_add_ps(sum);
-}
-
 #ifdef INFER_AMX
 // The same item with AMX tiles (Intel since Sapphire Rapids). The caches' layouts are the
 // tiles' too: a key block's [D/2, 16, 2] is a 16-key operand per 32 dims of the query rows,

@@ -1,9 +1,11 @@
 """A normalized model configuration built from a checkpoint's ``config.json``, the names of
-the files a model directory holds, and the end-of-sequence ids its configs name."""
+the files a model directory holds, the end-of-sequence ids its configs name, and what kind of
+model a ``config.json`` describes (one that generates text, or one that embeds it)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 SUPPORTED_ARCHITECTURES = (
@@ -12,6 +14,8 @@ SUPPORTED_ARCHITECTURES = (
     "Qwen3ForCausalLM",
     "Gemma3ForCausalLM",
 )
+# Encoders that embed text (infer/models/bert.py); they neither generate nor have a KV cache.
+ENCODER_ARCHITECTURES = ("BertModel",)
 ROPE_TYPES = ("default", "linear", "llama3")
 # For a config.json that names no architectures.
 _MODEL_TYPES = {
@@ -25,6 +29,23 @@ _MODEL_TYPES = {
 CONFIG_NAME = "config.json"
 GENERATION_CONFIG_NAME = "generation_config.json"
 WEIGHTS_NAME = "model.safetensors"
+
+
+class ModelKind(StrEnum):
+    """What a model does: generate text (a causal LM) or embed it (an encoder)."""
+
+    GENERATE = "generate"
+    EMBED = "embed"
+
+
+def model_kind(config: dict[str, Any]) -> ModelKind:
+    """The kind of model a Hugging Face ``config.json`` dict describes."""
+    archs = config.get("architectures") or []
+    if any(a in ENCODER_ARCHITECTURES for a in archs):
+        return ModelKind.EMBED
+    if not archs and config.get("model_type") == "bert":
+        return ModelKind.EMBED
+    return ModelKind.GENERATE
 
 
 def eos_token_ids(*sources: int | list[int] | None) -> list[int]:

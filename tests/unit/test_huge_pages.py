@@ -80,3 +80,14 @@ def test_packed_weights_lie_on_memory_advised_for_huge_pages(default_model: Load
     for t in packed:
         fields = _mapping(t.data_ptr())
         assert fields is not None and fields.get("THPeligible") == "1", fields
+
+
+@pytest.mark.skipif(not huge_pages.available(), reason="no transparent huge pages: torch.zeros")
+def test_a_chunk_mapped_under_inference_mode_serves_later_loads() -> None:
+    """A load inside ``torch.inference_mode`` maps a chunk that loads after it take bytes
+    from: those must be normal tensors, which a load writes into."""
+    with torch.inference_mode():
+        huge_pages.empty(huge_pages._CHUNK - 4096)  # a fresh chunk, its last 4 KB left
+    later = huge_pages.empty(64)
+    later.fill_(1)  # an inference tensor would refuse this outside inference mode
+    assert not later.is_inference() and bool((later == 1).all())

@@ -17,6 +17,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from infer import cli, kernels
 from infer.models import default
 from infer.models.config import ModelConfig
+from infer.models.derived_files import MARKER_NAME
 from infer.models.linear import QuantLinear
 from infer.models.loader import GGUFCheckpoint, LoadError, load_model
 from infer.models.registry import create_model
@@ -330,7 +331,7 @@ def test_interrupted_conversion_leaves_no_cache(
     monkeypatch.setattr(default, "convert_gguf", _fake_convert(fail=False))
     target = default.ensure_default_model()
     assert target == tmp_path / default.DEFAULT_MODEL_NAME
-    assert sorted(p.name for p in target.iterdir()) == ["config.json", default.MARKER_NAME]
+    assert sorted(p.name for p in target.iterdir()) == ["config.json", MARKER_NAME]
     assert [p.name for p in tmp_path.iterdir()] == [default.DEFAULT_MODEL_NAME]
 
 
@@ -338,10 +339,10 @@ def test_stale_cache_is_replaced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("INFER_CACHE_DIR", str(tmp_path))
     stale = tmp_path / default.DEFAULT_MODEL_NAME
     stale.mkdir()
-    (stale / default.MARKER_NAME).write_text(json.dumps({"format": 0}))
+    (stale / MARKER_NAME).write_text(json.dumps({"format": 0}))
     monkeypatch.setattr(default, "convert_gguf", _fake_convert(fail=False))
     assert default.ensure_default_model() == stale
-    assert json.loads((stale / default.MARKER_NAME).read_text())["format"] == default.FORMAT
+    assert json.loads((stale / MARKER_NAME).read_text())["format"] == default.FORMAT
     assert [p.name for p in tmp_path.iterdir()] == [default.DEFAULT_MODEL_NAME]
     # A current cache is used as it is.
     monkeypatch.setattr(default, "convert_gguf", _fake_convert(fail=True))
