@@ -176,8 +176,8 @@ def build(
 
 def heal(ids: list[int], text: str, decode: Decode) -> tuple[list[int], str]:
     """``ids`` (the tokens of ``text``) cut back to where the cursor's word starts: the
-    last tokens up to one that starts with a space (or is one), within the cursor's line;
-    and the text they spelled (empty when nothing can be cut).
+    last tokens up to one that starts with a space (a run of spaces whole), within the
+    cursor's line; and the text they spelled (empty when nothing can be cut).
 
     The prompt then ends at a boundary its training text had; the completion spells the
     cut text again, as the model splits it (:mod:`infer.engine.healing`)."""
@@ -187,8 +187,8 @@ def heal(ids: list[int], text: str, decode: Decode) -> tuple[list[int], str]:
         if "\n" in piece:
             break
         cut -= 1
-        if piece[:1].isspace():
-            break
+        if piece[:1].isspace() and not (piece.isspace() and _blank(decode(ids[cut - 1 : cut]))):
+            break  # the word starts here (a run of spaces before it is cut back whole)
     kept = decode(ids[:cut])
     if cut == len(ids) or not text.startswith(kept):
         return ids, ""
@@ -205,6 +205,11 @@ def landmarks(text: str, every: int = LANDMARK_EVERY) -> list[int]:
             marks.append(start)
         previous, start = line, end + 1
     return marks
+
+
+def _blank(piece: str) -> bool:
+    """Whether a token is spaces (not a newline): part of a run the healing cuts whole."""
+    return bool(piece) and piece.isspace() and "\n" not in piece
 
 
 def _fit(encode: Encode, text: str, marks: list[int], limit: int | None) -> tuple[str, int]:
