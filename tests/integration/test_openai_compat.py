@@ -87,7 +87,7 @@ async def test_fields_that_cannot_be_honoured_are_named(real_app) -> None:
     ]
     cases = [
         ("/v1/completions", base | {"best_of": 3, "n": 2}, "best_of", "invalid_value"),
-        ("/v1/completions", base | {"suffix": "end"}, "suffix", "invalid_value"),
+        ("/v1/completions", base | {"suffix": "end", "echo": True}, "suffix", "invalid_value"),
         ("/v1/completions", base | {"max_tokens": 0}, "max_tokens", "invalid_value"),
         ("/v1/completions", base | {"prompt_logprobs": 21}, "prompt_logprobs", "invalid_value"),
         ("/v1/completions", base | {"prompt_logprobs": -1}, "prompt_logprobs", "invalid_value"),
@@ -141,6 +141,9 @@ async def test_fields_that_cannot_be_honoured_are_named(real_app) -> None:
             assert r.status_code == 422, (field, r.text)
             error = r.json()["error"]
             assert error["code"] == code and field in error["message"], (field, error)
+        # a model without fill-in-the-middle tokens (SmolLM2) cannot take a suffix
+        r = await client.post("/v1/completions", json=base | {"suffix": "end"})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "fim_not_supported"
 
 
 async def test_n_and_list_prompts_fan_out_with_reproducible_seeds(real_app_fp32) -> None:
