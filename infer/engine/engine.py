@@ -70,6 +70,8 @@ class Engine:
         self.eos_token_ids = frozenset(eos_token_ids)
         self.model_name = model_name
         self.fim = fim  # the model's fill-in-the-middle tokens, if it has them
+        self.loaded_at = time.time()  # wall-clock time its model was ready to serve
+        self._special_ids = _special_tokens(tokenizer)
         self.blocks = BlockManager(size.num_blocks, config.block_size, config.prefix_caching)
         self.scheduler: Scheduler = make_scheduler(config, self.blocks, clock)
         self.runner = ModelRunner(model, config, self.blocks)
@@ -83,7 +85,7 @@ class Engine:
                 draft_model, self.blocks.num_blocks, config.block_size, config.prefill_token_budget
             )
             # A one-row step reads the weights: the draft model's step costs their ratio.
-            share = _weight_bytes(draft_model) / _weight_bytes(model)
+            share = weight_bytes(draft_model) / weight_bytes(model)
             self.scheduler.draft_price = 1 + share / config.draft_row_cost
         self._ids = itertools.count()
         # With an engine seed, requests that bring none still sample reproducibly.
@@ -211,6 +213,7 @@ class Engine:
             prediction: Token ids its answer is expected to repeat (drafts come from them
                 first).
         """
+        params = self._special_stops(params)
         request = Request(request_id or f"req-{next(self._ids)}", ids, params, trace=trace)
         request.drafts.prediction = prediction
         seed = params.seed
@@ -222,6 +225,15 @@ class Engine:
         )
         self.scheduler.add_request(request)
         return request
+
+    def _special_stops(self, params: SamplingParams) -> SamplingParams:
+        """A stop string that is a special token's text (``<|im_end|>``) stops on that token:
+        special tokens never show in the text, where the string could never match."""
+        ids = {self._special_ids[s] for s in params.stop if s in self._special_ids}
+        if not ids:
+            return params
+        stop = [s for s in params.stop if s not in self._special_ids]
+        return dataclasses.replace(params, stop=stop, stop_token_ids=params.stop_token_ids | ids)
 
     def abort(self, request_id: str, why: Failure = Failure.CANCELLED) -> StepOutput | None:
         """End a request now and free its slot; its last output says ``why``.
@@ -319,7 +331,13 @@ class Engine:
             self.draft_model.free(req.request_id)
 
 
-def _weight_bytes(model: CausalLM) -> int:
+def _special_tokens(tokenizer: PreTrainedTokenizerBase) -> dict[str, int]:
+    """The text of each special token, and its id."""
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    return {token.content: i for i, token in added.items() if token.special}
+
+
+def weight_bytes(model: CausalLM) -> int:
     """Bytes of a model's weights (what a one-row step reads): its parameters and buffers,
     and the tensors its layers hold packed for the kernels."""
     tensors = {id(t): t for t in (*model.parameters(), *model.buffers())}
