@@ -163,6 +163,7 @@ def not_found(model: str) -> APIError:
 
 
 def cannot_embed(card: ModelCard, model: str) -> APIError:
+    """Embeddings of a model that generates text."""
     return APIError(
         ErrorCode.INVALID_REQUEST,
         f"{model!r} does not support embeddings: this server serves {card.name!r}, a model "
@@ -170,11 +171,12 @@ def cannot_embed(card: ModelCard, model: str) -> APIError:
     )
 
 
-def cannot_manage() -> APIError:
+def cannot_manage(action: str) -> APIError:
+    """``pull``, ``push``, ``create``, ``copy``, ``delete``: not here."""
     return APIError(
         ErrorCode.INVALID_REQUEST,
-        "this server serves the model it was started with: it does not pull, push, create, "
-        "copy or delete models (start it with --model)",
+        f"this server does not {action} models: it serves the model it was started with "
+        "(infer serve --model)",
     )
 
 

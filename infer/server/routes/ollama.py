@@ -102,12 +102,8 @@ async def embeddings() -> Response:
     raise b.cannot_embed(_card(body.model), body.model)
 
 
-@blueprint.post("/api/pull")
-@blueprint.post("/api/push")
-@blueprint.post("/api/create")
-@blueprint.post("/api/copy")
-@blueprint.delete("/api/delete")
+@blueprint.route("/api/<any(pull, push, create, copy, delete):action>", methods=["POST", "DELETE"])
 @documented_()
-async def manage() -> Response:
+async def manage(action: str) -> Response:
     """Managing models: not here (the server serves the model it was started with)."""
-    raise b.cannot_manage()
+    raise b.cannot_manage(action)
