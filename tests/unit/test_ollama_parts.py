@@ -103,6 +103,8 @@ def test_ollamas_defaults_and_unknown_options() -> None:
     params = request.params
     assert (params.temperature, params.top_k, params.top_p) == (0.8, 40, 0.9)
     assert params.seed is None  # -1: a random seed
+    huge = {"model": "coder", "prompt": "hi", "options": {"top_k": 10**30}}
+    assert OllamaGenerateRequest.model_validate(huge).engine_request(CARD).params.top_k < 2**31
     # num_predict -1: until the reply ends or the context is full
     assert request.max_tokens is None and request.default_max_tokens == UNLIMITED
 
@@ -139,6 +141,7 @@ def test_refusals_name_what_cannot_be_honoured() -> None:
         ({"format": {"type": 12}}, "not a JSON schema"),
         ({"options": {"temperature": "hot"}}, "temperature"),
         ({"options": {"stop": [""] * 2}}, "stop"),
+        ({"logprobs": True}, "logprobs are not supported"),
     ]
     for fields, message in cases:
         with pytest.raises(ValidationError, match=message):

@@ -44,6 +44,7 @@ from infer.engine.params import (
 )
 
 UNLIMITED = 2**31  # num_predict -1: until the reply ends or the context is full
+MAX_TOP_K = 2**31 - 1  # more than any vocabulary: off
 MAX_STOPS = 32  # Continue sends nine for Qwen2.5-Coder, and the model's own
 # A Go duration ("5m", "1h30m", "-1s", "0"), as keep_alive takes one
 _UNITS = {
@@ -118,7 +119,7 @@ class OllamaOptions(OllamaBody):
             )
         params = SamplingParams(
             temperature=self.temperature,
-            top_k=max(self.top_k, 0),  # 0 or less: off, as in llama.cpp
+            top_k=min(max(self.top_k, 0), MAX_TOP_K),  # 0 or less: off, as in llama.cpp
             top_p=self.top_p,
             min_p=self.min_p,
             repetition_penalty=self.repeat_penalty,
@@ -149,8 +150,18 @@ class ReplyFields(OllamaBody):
     keep_alive: KeepAlive | None = None
     truncate: bool | None = None  # accepted: a prompt too long is refused, never cut
     shift: bool | None = None  # accepted: the context never shifts
-    logprobs: Literal[False] = False
+    logprobs: bool = False  # refused when true
     top_logprobs: Annotated[int, Field(ge=0, le=20)] = 0
+
+    @field_validator("logprobs")
+    @classmethod
+    def _no_logprobs(cls, logprobs: bool) -> bool:
+        if logprobs:
+            raise ValueError(
+                "logprobs are not supported on Ollama's routes here: use /v1/completions or "
+                "/v1/chat/completions"
+            )
+        return logprobs
 
     @field_validator("keep_alive")
     @classmethod
