@@ -172,8 +172,13 @@ def engine_filler(model: str, layout: str, max_tokens: int, suffix_stop: bool) -
         return list(tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
 
     def fill(case: Case) -> str:
-        prompt = build(encode, fim, FimRequest(case.prefix, case.suffix), Layout(layout))
+        kind, _, healed = layout.partition("+")
+        decode = tokenizer.decode if healed == "heal" else None
+        prompt = build(
+            encode, fim, FimRequest(case.prefix, case.suffix), Layout(kind), decode=decode
+        )
         params = SamplingParams(
+            healing=prompt.healing,
             max_new_tokens=max_tokens,
             temperature=0.0,
             stop_token_ids=fim.end,

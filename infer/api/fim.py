@@ -44,6 +44,8 @@ from infer.engine.params import EditorStops
 from infer.models.fim import FimTokens
 
 Encode = Callable[[str], list[int]]  # text -> ids, as plain text, no special tokens added
+Decode = Callable[[list[int]], str]
+HEAL_TOKENS = 8  # token healing backs off at most this many tokens
 
 REPO_NAME = "myproject"  # llama.cpp's: the editor does not say
 CURRENT_FILE = "filename"
@@ -120,6 +122,7 @@ class FimPrompt:
     suffix_tokens: int
     extra_tokens: int
     truncated: bool  # some piece was cut to its limit
+    healing: str = ""  # the cursor's word, cut from the prompt: the completion spells it first
 
 
 def build(
@@ -128,6 +131,7 @@ def build(
     request: FimRequest,
     layout: Layout = Layout.SPM,
     limits: Limits = Limits(),
+    decode: Decode | None = None,
 ) -> FimPrompt:
     """The token ids of a fill-in-the-middle prompt.
 
@@ -138,6 +142,9 @@ def build(
         layout: The order of prefix and suffix.
         limits: Most tokens kept of each piece: the prefix keeps its end, the suffix its
             start, the extra files the most recent whole files.
+        decode: The tokenizer's decoding; given, an anchored prompt that ends inside a
+            line is healed (:func:`heal`): the prompt is cut back to where a token
+            starts, and the completion must spell the cut text first.
     """
     text = request.prefix + request.middle
     marks = landmarks(text)
@@ -154,13 +161,38 @@ def build(
     pre, suf = [tokens.prefix, *prefix], [tokens.suffix, *suffix]
     body = suf + pre if layout == Layout.SPM else pre + suf
     middle = encode(given) if given else []
+    healing = ""
+    if decode is not None and given and not given.endswith("\n"):
+        middle, healing = heal(middle, given, decode)
     return FimPrompt(
         [*extra, *body, tokens.middle, *middle],
         len(prefix) + len(middle),
         len(suffix),
         len(extra),
         truncated or cut_extra,
+        healing,
     )
+
+
+def heal(ids: list[int], text: str, decode: Decode) -> tuple[list[int], str]:
+    """``ids`` (the tokens of ``text``) cut back to where the cursor's word starts: the
+    last tokens up to one that starts with a space (a run of spaces whole), within the
+    cursor's line; and the text they spelled (empty when nothing can be cut).
+
+    The prompt then ends at a boundary its training text had; the completion spells the
+    cut text again, as the model splits it (:mod:`infer.engine.healing`)."""
+    cut = len(ids)
+    while cut > 0 and len(ids) - cut < HEAL_TOKENS:
+        piece = decode(ids[cut - 1 : cut])
+        if "\n" in piece:
+            break
+        cut -= 1
+        if piece[:1].isspace() and not (piece.isspace() and _blank(decode(ids[cut - 1 : cut]))):
+            break  # the word starts here (a run of spaces before it is cut back whole)
+    kept = decode(ids[:cut])
+    if cut == len(ids) or not text.startswith(kept):
+        return ids, ""
+    return ids[:cut], text[len(kept) :]
 
 
 def landmarks(text: str, every: int = LANDMARK_EVERY) -> list[int]:
@@ -173,6 +205,11 @@ def landmarks(text: str, every: int = LANDMARK_EVERY) -> list[int]:
             marks.append(start)
         previous, start = line, end + 1
     return marks
+
+
+def _blank(piece: str) -> bool:
+    """Whether a token is spaces (not a newline): part of a run the healing cuts whole."""
+    return bool(piece) and piece.isspace() and "\n" not in piece
 
 
 def _fit(encode: Encode, text: str, marks: list[int], limit: int | None) -> tuple[str, int]:

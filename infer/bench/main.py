@@ -6,6 +6,7 @@ import argparse
 import datetime as dt
 import importlib.metadata
 import importlib.util
+import json
 import os
 import platform
 import re
@@ -55,7 +56,7 @@ from infer.models.config import ModelKind
 from infer.models.errors import LoadError
 from infer.models.loader import LoadedModel, load_model
 
-WORKLOADS = WORKLOAD_NAMES
+WORKLOADS = (*WORKLOAD_NAMES, "fim")  # fim: code completion, its own runner (infer/bench/fim.py)
 # Not being able to measure these is expected on many machines; it does not fail the run.
 OPTIONAL_SYSTEMS = frozenset(
     {"hf", "hf-batched", "llama.cpp", LLAMA_AVX2, *LLAMA_SPECULATIVE, "vllm"}
@@ -218,6 +219,11 @@ def run_bench(args: argparse.Namespace) -> int:
         raise ValueError("infer bench draws its charts with matplotlib: pip install matplotlib")
     if args.threads:
         torch.set_num_threads(args.threads)  # the servers get --num-threads
+    if "fim" in args.workloads:
+        _run_fim(args, systems)
+        args.workloads = [w for w in args.workloads if w != "fim"]
+        if not args.workloads:
+            return 0
     loaded = load_model(args.model, DTYPES[args.dtype], kind=ModelKind.GENERATE)
     workloads = build_workloads(
         loaded.tokenizer, args.workloads, args.scale, args.seed, args.concurrency, args.rate
@@ -255,6 +261,36 @@ def run_bench(args: argparse.Namespace) -> int:
         _variant_of(u["system"]) not in OPTIONAL_SYSTEMS for u in unavailable
     )
     return 1 if failed else 0
+
+
+def _run_fim(args: argparse.Namespace, systems: list[str]) -> None:
+    """The code-completion load on the systems that answer ``/infill``; its report beside
+    the others (``<date>-<host>-fim-<model>.json`` and ``.md``)."""
+    from infer.bench import fim
+
+    chosen = [s for s in systems if s in fim.SYSTEMS] if args.systems else list(fim.SYSTEMS)
+    if not chosen:
+        raise ValueError(f"the fim load runs on {', '.join(fim.SYSTEMS)}")
+    threads = args.threads or torch.get_num_threads()
+    report = fim.run(
+        args.model,
+        _gguf(args.model),
+        chosen,
+        args.scale,
+        args.seed,
+        threads,
+        args.temperature,
+        args.top_p,
+    )
+    meta = _meta(args, args.model)
+    report["meta"] = {k: meta[k] for k in ("date", "host", "cpu", "scale") if k in meta}
+    out = args.out if args.out is not None else default_results_dir()
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"{report_stem(meta)}-fim-{_safe(args.model)}"
+    (out / f"{stem}.json").write_text(json.dumps(report, indent=1))
+    text = f"{fim.table(report)}\n\nCPU: {meta.get('cpu')}\n"
+    (out / f"{stem}.md").write_text(text)
+    print(text)
 
 
 def _settings(args: argparse.Namespace, loaded: LoadedModel, workloads: list[Workload]) -> Settings:

@@ -42,6 +42,7 @@ class IncrementalDetokenizer:
         stop: Strings that end generation; they are never part of the output.
         skip_special_tokens: Drop special tokens (such as EOS) from the text.
         lines: A code completion's line stops (indentation, the suffix's first line).
+        skip: Text the output starts with that is not shown (a healed prompt's cut text).
     """
 
     def __init__(
@@ -51,11 +52,13 @@ class IncrementalDetokenizer:
         stop: Sequence[str] = (),
         skip_special_tokens: bool = True,
         lines: EditorStops | None = None,
+        skip: str = "",
     ) -> None:
         self._tokenizer = tokenizer
         self._skip_special = skip_special_tokens
         self._stop = tuple(s for s in stop if s)
         self._lines = lines if lines is not None and lines.by_line else None
+        self._skip = len(skip)  # characters still to drop from the start of the output
         # The tokens decoded each step: window[:read] is text already shown (context for
         # the tokens after it), window[read:] is not shown yet.
         self._window = self._seed_window(prompt_ids)
@@ -174,6 +177,9 @@ class IncrementalDetokenizer:
         return longest
 
     def _emit(self, text: str) -> str:
+        if self._skip:
+            dropped = min(self._skip, len(text))
+            text, self._skip = text[dropped:], self._skip - dropped
         if text:
             self._text.append(text)
         return text

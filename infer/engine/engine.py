@@ -221,8 +221,9 @@ class Engine:
             seed = self._seeds.getrandbits(63)
         request.generator = make_generator(seed, self.model.device)
         request.detokenizer = IncrementalDetokenizer(
-            self.tokenizer, ids, stop=params.stop, lines=params.editor
+            self.tokenizer, ids, stop=params.stop, lines=params.editor, skip=params.healing
         )
+        request.heal_left = params.healing
         self.scheduler.add_request(request)
         return request
 

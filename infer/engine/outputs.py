@@ -18,6 +18,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from infer.engine.block_manager import BlockManager
+from infer.engine.healing import Vocabulary, advance, heal_logits
 from infer.engine.logit_processors import process_logits
 from infer.engine.request import (
     Failure,
@@ -63,6 +64,7 @@ class OutputProcessor:
         self.speculator = speculator
         self.release = release
         self.clock = clock
+        self.vocabulary: Vocabulary | None = None  # token healing's, made when first needed
 
     def process(self, result: RunnerOutput) -> list[StepOutput]:
         outputs = self._score_prompts(result.prompt_rows)
@@ -123,7 +125,7 @@ class OutputProcessor:
         try:
             penalized = any(r.params.repetition_penalty != 1.0 for r in requests)
             tokens = sample(
-                process_logits(logits, requests),  # bias, penalties, grammar; logprobs stay raw
+                self._heal(process_logits(logits, requests), requests),  # logprobs stay raw
                 [r.params for r in requests],
                 [r.generator for r in requests],
                 [r.history if penalized else () for r in requests],
@@ -160,7 +162,7 @@ class OutputProcessor:
             row = result.logits[first + j : first + j + 1]
             try:
                 history = req.history if req.params.repetition_penalty != 1.0 else ()
-                processed = process_logits(row, [req])
+                processed = self._heal(process_logits(row, [req]), [req])
                 token = sample(processed, [req.params], [req.generator], [history])[0]
                 lps = self._logprobs([req], row, [token])
                 lp = lps[0] if lps else None
@@ -185,6 +187,15 @@ class OutputProcessor:
             self.blocks.trim(req.request_id, req.num_cached + 1)
         req.draft = []
         return outputs
+
+    def _heal(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+        """Mask what the rows that heal their prompt's end may not take (the vocabulary's
+        texts are read at the first such request)."""
+        if not any(r.heal_left for r in requests):
+            return logits
+        if self.vocabulary is None:
+            self.vocabulary = Vocabulary(self.tokenizer, logits.shape[-1])
+        return heal_logits(logits, requests, self.vocabulary)
 
     def _logprobs(
         self, requests: list[Request], logits: torch.Tensor, tokens: list[int]
@@ -224,6 +235,8 @@ class OutputProcessor:
         if req.status == RequestStatus.PREFILL:
             req.status = RequestStatus.DECODE
         req.output_ids.append(token)
+        if req.heal_left:
+            advance(req, self._text(token))
         if req.first_token_at is None:
             req.first_token_at = self.clock()
         detok = req.detokenizer

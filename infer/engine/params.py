@@ -107,6 +107,8 @@ class SamplingParams:
         editor: A code completion's line and time stops (:class:`EditorStops`).
         min_p: Keep only the tokens at least ``min_p`` times as likely as the likeliest
             (in ``[0, 1]``; 0 disables it).
+        healing: Text the prompt was cut back by (token healing): the completion starts
+            with it, and it is not part of the output (:mod:`infer.engine.healing`).
 
     Build it with :meth:`checked` from values nothing has checked yet.
     """
@@ -130,6 +132,7 @@ class SamplingParams:
     stop_token_ids: frozenset[TokenId] = frozenset()
     editor: EditorStops | None = None
     min_p: MinP = 0.0
+    healing: str = ""
 
     @classmethod
     def checked(cls, **values: Any) -> SamplingParams:

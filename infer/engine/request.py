@@ -106,6 +106,7 @@ class Request:
     draft: list[int] = field(default_factory=list)  # the draft tokens this step verifies
     model_draft: int = 0  # draft tokens the draft model is to write this step
     first_token_at: float | None = None  # the engine clock when its first token came
+    heal_left: str = ""  # what of params.healing the output has not spelled yet
 
     @property
     def scores_prompt(self) -> bool:

@@ -63,10 +63,11 @@ async def _h2_misbehave(port: int, how: str, rng: random.Random) -> None:
     ids = [_h2_request(conn, port, BODY) for _ in range(rng.randint(1, 12))]
     try:
         await stream.send_all(conn.data_to_send())
-        frames = 0
+        frames, ended = 0, set()
         with trio.move_on_after(30):
             target = rng.randint(1, 40)
-            while frames < target:
+            # (streams that end before `target` frames leave the connection open: done)
+            while frames < target and len(ended) < len(ids):
                 data = await stream.receive_some(65536)
                 if not data:
                     return
@@ -76,6 +77,8 @@ async def _h2_misbehave(port: int, how: str, rng: random.Random) -> None:
                             event.flow_controlled_length, event.stream_id
                         )
                         frames += 1
+                    elif isinstance(event, h2.events.StreamEnded | h2.events.StreamReset):
+                        ended.add(event.stream_id)
                 if how == "ping":
                     conn.ping(rng.randbytes(8))
                 await stream.send_all(conn.data_to_send())

@@ -225,3 +225,55 @@ def test_editor_stops_from_the_suffix() -> None:
     assert editor_stops("    return y\n").keep_newline
     assert editor_stops("   \n", at_suffix=True).suffix_line == ""
     assert editor_stops("x", at_suffix=False).suffix_line == ""
+
+
+def test_healing_cuts_the_prompt_back_to_the_cursors_word(
+    qwen_like: PreTrainedTokenizerBase,
+) -> None:
+    encode, fim = encoder(qwen_like), find_fim_tokens(qwen_like)
+    assert fim is not None
+
+    def decode(ids: list[int]) -> str:
+        return str(qwen_like.decode(ids))
+
+    text = "x = 1\n    t.ap"
+    built = build(encode, fim, FimRequest(text, "\n"), Layout.ANCHORED, decode=decode)
+    # (one token a character here: the word and the run of spaces before it are cut back)
+    assert built.healing == "    t.ap"
+    assert qwen_like.decode(built.ids).endswith("<|fim_middle|>x = 1\n")
+    # a line of indentation only is cut back whole; a line start is left alone
+    blank = build(encode, fim, FimRequest("x = 1\n    ", "\n"), Layout.ANCHORED, decode=decode)
+    assert blank.healing == "    "
+    start = build(encode, fim, FimRequest("x = 1\n", "\n"), Layout.ANCHORED, decode=decode)
+    assert start.healing == "" and qwen_like.decode(start.ids).endswith("x = 1\n")
+    # the plain order ends the prompt with <MID>: nothing to heal
+    assert build(encode, fim, FimRequest(text, "\n"), Layout.PSM, decode=decode).healing == ""
+
+
+def test_a_healing_completion_spells_the_cut_text_first(
+    qwen_like: PreTrainedTokenizerBase,
+) -> None:
+    import torch
+
+    from infer.engine.healing import Vocabulary, advance, heal_logits
+    from infer.engine.params import SamplingParams
+    from infer.engine.request import Request
+
+    vocab = Vocabulary(qwen_like, len(qwen_like))
+    allowed = {qwen_like.decode([i]) for i in vocab.allowed(" ab").tolist()}
+    assert allowed == {" "}  # one character a token: the only start of " ab"
+    req = Request("r", [1], SamplingParams(healing=" ab"))
+    req.heal_left = " ab"
+    logits = torch.zeros(1, len(qwen_like))
+    healed = heal_logits(logits, [req], vocab)
+    assert int(healed.argmax()) == qwen_like.convert_tokens_to_ids(" ")
+    assert torch.isinf(healed).sum() == len(qwen_like) - 1 and not torch.isinf(logits).any()
+    for piece in (" ", "a"):
+        advance(req, piece)
+    assert req.heal_left == "b"
+    advance(req, "b")
+    assert req.heal_left == "" and heal_logits(logits, [req], vocab) is logits
+    # the cut text is not shown again
+    detok = IncrementalDetokenizer(qwen_like, [], skip=" ab")
+    shown = "".join(detok.add(t) for t in qwen_like.encode(" abc d", add_special_tokens=False))
+    assert shown + detok.finish() == "c d"

@@ -103,9 +103,10 @@ async def encode(
 
 async def encode_fills(
     state: ServerState, engine: Engine, prompts: Sequence[Prompt]
-) -> tuple[list[list[int]], bool]:
-    """Token ids of each fill-in-the-middle prompt (one thread hop for all of them), and
-    whether the builder cut some piece to its limits.
+) -> tuple[list[list[int]], bool, list[str]]:
+    """Token ids of each fill-in-the-middle prompt (one thread hop for all of them),
+    whether the builder cut some piece to its limits, and the text each healed prompt
+    was cut back by.
 
     Raises:
         APIError: The model does not fill in the middle, or the code is too large.
@@ -129,11 +130,16 @@ async def encode_fills(
     def text_ids(text: str) -> list[int]:
         return list(tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
 
+    def decode(ids: list[int]) -> str:
+        return str(tokenizer.decode(ids))
+
     def run() -> list[fim_prompt.FimPrompt]:
-        return [fim_prompt.build(text_ids, fim, f.request, f.layout, f.limits) for f in fills]
+        return [
+            fim_prompt.build(text_ids, fim, f.request, f.layout, f.limits, decode) for f in fills
+        ]
 
     built = await trio.to_thread.run_sync(run)
-    return [b.ids for b in built], any(b.truncated for b in built)
+    return [b.ids for b in built], any(b.truncated for b in built), [b.healing for b in built]
 
 
 async def decode(state: ServerState, ids: list[int]) -> str:
@@ -248,14 +254,14 @@ async def admit(
         if bias and max(bias) >= vocab:
             raise APIError(ErrorCode.INVALID_VALUE, f"logit_bias: token ids must be below {vocab}")
         plan = tool_plan(engine, request.tools)
-        truncated = False
+        truncated, healing = False, None
         if any(p.fill is not None for p in request.prompts):
-            ids, truncated = await encode_fills(state, engine, request.prompts)
+            ids, truncated, healing = await encode_fills(state, engine, request.prompts)
         else:
             ids = await encode(state, engine, request.prompts, plan)
         reasoning = _thinking(engine, request.prompts, ids)
         grammar = await compile_format(state, engine, request.json_schema, plan, reasoning)
-        choices, params = _choices(engine, request, ids, grammar)
+        choices, params = _choices(engine, request, ids, grammar, healing)
         prediction = await _prediction(state, engine, request.prediction)
         state.require_ready()  # a drain or an engine failure may have begun meanwhile
         try:
@@ -281,9 +287,14 @@ async def admit(
 
 
 def _choices(
-    engine: Engine, request: EngineRequest, ids: list[list[int]], grammar: Grammar | None
+    engine: Engine,
+    request: EngineRequest,
+    ids: list[list[int]],
+    grammar: Grammar | None,
+    healing: list[str] | None = None,
 ) -> tuple[list[list[int]], list[SamplingParams]]:
-    """Each choice's prompt and sampling parameters, its token limit checked.
+    """Each choice's prompt and sampling parameters (with what its prompt was healed by),
+    its token limit checked.
 
     Raises:
         APIError: A prompt and its limit do not fit (or a trace names no layer).
@@ -295,7 +306,8 @@ def _choices(
         # a fill ends on the model's FIM end tokens as well as on its EOS
         stops = base.stop_token_ids | engine.fim.end
         base = dataclasses.replace(base, stop_token_ids=stops)
-    for prompt in ids:
+    for i, prompt in enumerate(ids):
+        heal = healing[i] if healing else ""
         room = engine.max_seq_len - len(prompt)
         max_tokens = limit if limit is not None else min(request.default_max_tokens, room)
         need = 0 if limit == 0 else max(max_tokens, 1)  # 0 asked for: the prompt is scored
@@ -307,7 +319,9 @@ def _choices(
             seed = choice_seed(base.seed, len(params))
             choices.append(prompt)
             params.append(
-                dataclasses.replace(base, max_new_tokens=max_tokens, seed=seed, grammar=grammar)
+                dataclasses.replace(
+                    base, max_new_tokens=max_tokens, seed=seed, grammar=grammar, healing=heal
+                )
             )
     return choices, params
 
