@@ -8,6 +8,7 @@ This module holds the step loop and each request's lifecycle: check, queue, abor
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import logging
 import random
@@ -162,6 +163,11 @@ class Engine:
         if isinstance(prediction, str):
             return list(self.tokenizer.encode(prediction, add_special_tokens=False))
         return list(prediction)
+
+    @functools.cached_property
+    def model_bytes(self) -> int:
+        """Bytes of the model's weights as held (read once: it walks every layer)."""
+        return weight_bytes(self.model)
 
     @property
     def max_seq_len(self) -> int:

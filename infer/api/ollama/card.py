@@ -76,8 +76,6 @@ class ModelCard:
     def of(cls, engine: Engine, names: tuple[str, ...], layout: str) -> ModelCard:
         """The card of the model ``engine`` serves under ``names``, its fills laid out in
         ``layout`` (:class:`~infer.api.fim.Layout`)."""
-        from infer.engine.engine import weight_bytes
-
         name, tokenizer, fim = engine.model_name, engine.tokenizer, engine.fim
         packaged = PACKAGED_MODELS.get(name)
         file = packaged.file if packaged is not None else name
@@ -94,7 +92,7 @@ class ModelCard:
             names=names,
             config=engine.model.config,
             context_length=engine.max_seq_len,
-            size=weight_bytes(engine.model),
+            size=engine.model_bytes,
             digest=f"sha256:{digest}",
             file_format="gguf" if file.endswith(".gguf") else "safetensors",
             quantization=quantization,
