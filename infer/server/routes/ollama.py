@@ -22,8 +22,8 @@ from infer.server.host.state import get_state
 
 blueprint = Blueprint("ollama", __name__)
 DIALECT = Dialect(error_body=b.error_body, error_type=b.OllamaError)
-documented_ = partial(documented, "Ollama", dialect=DIALECT)
-named = partial(documented_, statuses=(404,))  # a route that names a model
+in_docs = partial(documented, "Ollama", dialect=DIALECT)
+named = partial(in_docs, statuses=(404,))  # a route that names a model: 404 for another
 
 
 def _card(model: str | None = None) -> ModelCard:
@@ -45,21 +45,21 @@ async def _reply(model: type[m.ReplyFields], writer: Callable[..., Writer], chat
 
 
 @blueprint.get("/api/version")
-@documented_(response=b.OllamaVersion)
+@in_docs(response=b.OllamaVersion)
 async def version() -> Response:
     """The Ollama release whose API these routes follow."""
     return jsonify(b.version())
 
 
 @blueprint.get("/api/tags")
-@documented_(response=b.OllamaListResponse)
+@in_docs(response=b.OllamaListResponse)
 async def tags() -> Response:
     """The served model, under each of its names."""
     return jsonify(b.model_list(_card()))
 
 
 @blueprint.get("/api/ps")
-@documented_(response=b.OllamaProcessResponse)
+@in_docs(response=b.OllamaProcessResponse)
 async def ps() -> Response:
     """The loaded model (loaded for the server's life)."""
     return jsonify(b.running(_card()))
@@ -103,7 +103,7 @@ async def embeddings() -> Response:
 
 
 @blueprint.route("/api/<any(pull, push, create, copy, delete):action>", methods=["POST", "DELETE"])
-@documented_()
+@in_docs()
 async def manage(action: str) -> Response:
     """Managing models: not here (the server serves the model it was started with)."""
     raise b.cannot_manage(action)
