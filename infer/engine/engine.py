@@ -8,6 +8,7 @@ This module holds the step loop and each request's lifecycle: check, queue, abor
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import logging
 import random
@@ -70,6 +71,8 @@ class Engine:
         self.eos_token_ids = frozenset(eos_token_ids)
         self.model_name = model_name
         self.fim = fim  # the model's fill-in-the-middle tokens, if it has them
+        self.loaded_at = time.time()  # wall-clock time its model was ready to serve
+        self._special_ids = _special_tokens(tokenizer)
         self.blocks = BlockManager(size.num_blocks, config.block_size, config.prefix_caching)
         self.scheduler: Scheduler = make_scheduler(config, self.blocks, clock)
         self.runner = ModelRunner(model, config, self.blocks)
@@ -83,7 +86,7 @@ class Engine:
                 draft_model, self.blocks.num_blocks, config.block_size, config.prefill_token_budget
             )
             # A one-row step reads the weights: the draft model's step costs their ratio.
-            share = _weight_bytes(draft_model) / _weight_bytes(model)
+            share = weight_bytes(draft_model) / weight_bytes(model)
             self.scheduler.draft_price = 1 + share / config.draft_row_cost
         self._ids = itertools.count()
         # With an engine seed, requests that bring none still sample reproducibly.
@@ -161,6 +164,11 @@ class Engine:
             return list(self.tokenizer.encode(prediction, add_special_tokens=False))
         return list(prediction)
 
+    @functools.cached_property
+    def model_bytes(self) -> int:
+        """Bytes of the model's weights as held (read once: it walks every layer)."""
+        return weight_bytes(self.model)
+
     @property
     def max_seq_len(self) -> int:
         """Longest prompt + completion a request may have (what ``cache_size`` settled)."""
@@ -211,6 +219,7 @@ class Engine:
             prediction: Token ids its answer is expected to repeat (drafts come from them
                 first).
         """
+        params = self._special_stops(params)
         request = Request(request_id or f"req-{next(self._ids)}", ids, params, trace=trace)
         request.drafts.prediction = prediction
         seed = params.seed
@@ -223,6 +232,15 @@ class Engine:
         request.heal_left = params.healing
         self.scheduler.add_request(request)
         return request
+
+    def _special_stops(self, params: SamplingParams) -> SamplingParams:
+        """A stop string that is a special token's text (``<|im_end|>``) stops on that token:
+        special tokens never show in the text, where the string could never match."""
+        ids = {self._special_ids[s] for s in params.stop if s in self._special_ids}
+        if not ids:
+            return params
+        stop = [s for s in params.stop if s not in self._special_ids]
+        return dataclasses.replace(params, stop=stop, stop_token_ids=params.stop_token_ids | ids)
 
     def abort(self, request_id: str, why: Failure = Failure.CANCELLED) -> StepOutput | None:
         """End a request now and free its slot; its last output says ``why``.
@@ -320,7 +338,13 @@ class Engine:
             self.draft_model.free(req.request_id)
 
 
-def _weight_bytes(model: CausalLM) -> int:
+def _special_tokens(tokenizer: PreTrainedTokenizerBase) -> dict[str, int]:
+    """The text of each special token, and its id."""
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    return {token.content: i for i, token in added.items() if token.special}
+
+
+def weight_bytes(model: CausalLM) -> int:
     """Bytes of a model's weights (what a one-row step reads): its parameters and buffers,
     and the tensors its layers hold packed for the kernels."""
     tensors = {id(t): t for t in (*model.parameters(), *model.buffers())}

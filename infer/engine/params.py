@@ -88,7 +88,8 @@ class SamplingParams:
         top_k: Keep only the ``top_k`` most likely tokens; 0 disables it.
         repetition_penalty: Hugging Face style penalty (> 0) on every token already
             seen in the prompt or the output; 1 disables it.
-        stop: Up to 8 non-empty strings; generation ends before the first of them.
+        stop: Up to 8 non-empty strings; generation ends before the first of them (one that
+            is a special token's text, such as ``<|im_end|>``, ends on that token).
         seed: Seed of this request's own generator; ``None`` uses the global RNG.
         ignore_eos: Keep generating past the end-of-sequence token.
         logprobs: How many top log-probabilities to report per token (0 to 20).

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import logging
 import weakref
@@ -124,6 +125,25 @@ def test_stop_string_split_across_tokens_never_reaches_the_client(
     outs = _run(engine)[req.request_id]
     assert _text(outs) == full[: cut - 2]
     assert outs[-1].outcome is FinishReason.STOP
+
+
+def test_a_stop_string_that_is_a_special_tokens_text_stops_on_that_token(
+    tiny_model, default_tokenizer
+) -> None:
+    """Special tokens never show in the text, so such a stop (``<|im_start|>``, as Continue
+    sends for Qwen) ends the request on the token itself."""
+    special = "<|im_start|>"
+    token = default_tokenizer.convert_tokens_to_ids(special)
+    engine = _engine(tiny_model, default_tokenizer)
+    forced = SamplingParams(max_new_tokens=4, temperature=0.0, logit_bias={token: 100.0})
+    free = engine.add_request(PROMPTS[1], forced)
+    stops = dataclasses.replace(forced, stop=[special, "zz"])
+    stopped = engine.add_request(PROMPTS[1], stops)
+    outs = _run(engine)
+    assert _tokens(outs[free.request_id]) == [token] * 4
+    assert _tokens(outs[stopped.request_id]) == [token]
+    assert outs[stopped.request_id][-1].outcome is FinishReason.EOS
+    assert stopped.params.stop == ["zz"] and token in stopped.params.stop_token_ids
 
 
 def test_max_tokens_gives_length(tiny_model, default_tokenizer) -> None:

@@ -196,3 +196,30 @@ async def test_the_responses_api_gives_reasoning_its_own_item(thinking_app: Any)
     assert [i["type"] for i in events[-1]["response"]["output"]] == kinds
     deltas = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
     assert deltas == "Paris."
+
+
+async def test_ollamas_think_keeps_the_reasoning_apart_and_false_closes_the_block(
+    thinking_app: Any,
+) -> None:
+    """Ollama's ``think``: unset, a model that reasons does, its reasoning in ``thinking``
+    (``/api/chat``'s message, ``/api/generate``'s lines); ``false`` closes the block."""
+    chat = {"model": "tiny-qwen3", "messages": ASK, "stream": False}
+    generate = {"model": "tiny-qwen3", "prompt": "What is the capital of France?"}
+    app = _script(thinking_app, "<think>Recall the capital.</think>\n\nParis.")
+    async with running_server(app) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+            thought = (await client.post("/api/chat", json=chat)).json()
+            lines = (await client.post("/api/generate", json=generate)).text.splitlines()
+    async with running_server(_script(thinking_app, "Paris.")) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+            off = (await client.post("/api/chat", json=chat | {"think": False})).json()
+    assert thought["message"] == {
+        "role": "assistant",
+        "content": "Paris.",
+        "thinking": "Recall the capital.",
+    }
+    pieces = [json.loads(line) for line in lines]
+    assert "".join(p.get("thinking", "") for p in pieces) == "Recall the capital."
+    assert "".join(p["response"] for p in pieces) == "Paris." and pieces[-1]["done"]
+    assert off["message"] == {"role": "assistant", "content": "Paris."}
+    assert off["prompt_eval_count"] > thought["prompt_eval_count"]  # the empty block
