@@ -21,7 +21,7 @@ CODE = (  # what the person pasted before typing on
     '    """The area of a circle."""\n'
     "    return math.pi * radius * radius\n\n\n"
 )
-MAX_TOKENS = 16
+MAX_TOKENS = 24
 
 
 def open_code(page: Page, url: str, max_tokens: int = MAX_TOKENS) -> None:
@@ -82,16 +82,11 @@ def get(server: Server, path: str) -> httpx.Response:
     return httpx.get(server.url + path, headers=headers, timeout=60)
 
 
-def sent_bodies(page: Page) -> list[dict[str, Any]]:
-    """The bodies of the page's ``/infill`` requests, as it sends them."""
-    bodies: list[dict[str, Any]] = []
-
-    def seen(request: Request) -> None:
-        if request.url.endswith("/infill"):
-            bodies.append(request.post_data_json)
-
-    page.on("request", seen)
-    return bodies
+def sent(page: Page) -> list[Request]:
+    """The page's ``/infill`` requests, as it sends them."""
+    requests: list[Request] = []
+    page.on("request", lambda r: requests.append(r) if r.url.endswith("/infill") else None)
+    return requests
 
 
 def test_ghost_text_is_the_servers_completion_and_tab_accepts_it(
@@ -99,14 +94,14 @@ def test_ghost_text_is_the_servers_completion_and_tab_accepts_it(
 ) -> None:
     page = watched.page
     open_code(page, coder_server.url)
-    bodies = sent_bodies(page)
+    requests = sent(page)
     page.keyboard.type("def perimeter(radius", delay=40)
     wait_state(page, "shown")
     text, caret = editor(page)
     assert text == CODE + "def perimeter(radius" and caret == len(text)
     # The page asked with llama.vim's split and greedy sampling; the same body through the
     # API gives what the page shows (the API adds no special text: the model's own).
-    body = bodies[-1]
+    body = requests[-1].post_data_json
     assert body == {
         **split(text, caret),
         "n_predict": MAX_TOKENS,
@@ -135,6 +130,7 @@ def test_ghost_text_is_the_servers_completion_and_tab_accepts_it(
     wait_state(page, "shown")
     later = numbers(page)
     assert later["cached"] > 0
+    page.set_viewport_size({"width": 1200, "height": 460})  # the pane, without the page below
     screenshot(page, "playground-code")
     # Tab puts the ghost text into the editor, the caret after it.
     text, caret = editor(page)
@@ -156,16 +152,15 @@ def test_each_keystroke_ends_the_request_before_it_on_the_server(
     page = watched.page
     # Long completions: one the server did not end would still be running.
     open_code(page, coder_server.url, max_tokens=400)
+    page.keyboard.press("Escape")  # (the pasted code's completion, if it was asked for)
     wait_running(coder_server, 0)
-    bodies = sent_bodies(page)
-    aborted: list[Request] = []
-    page.on("requestfailed", lambda r: aborted.append(r) if r.url.endswith("/infill") else None)
+    requests = sent(page)
     before = ended(coder_server)
     # A burst faster than the pause that asks: one request once it ends, not one a key.
     burst = "def circumference("
     page.keyboard.type(burst, delay=30)
     wait_state(page, "waiting")
-    assert 1 <= len(bodies) < len(burst)
+    assert 1 <= len(typed(requests)) < len(burst)
     # Then each keystroke lands while a completion runs on the server, and ends it.
     for char in "radius):":
         wait_running(coder_server, 1)
@@ -174,16 +169,23 @@ def test_each_keystroke_ends_the_request_before_it_on_the_server(
     wait_running(coder_server, 1)
     page.keyboard.press("Escape")  # the last one ends too
     wait_running(coder_server, 0)
+    # The page ended every one (one a keystroke, at least, and the burst's).
     deadline = time.monotonic() + 60
-    while len(aborted) < len(bodies):
-        assert time.monotonic() < deadline, "the page did not end every request"
+    while len(mine := typed(requests)) <= len("radius):") or any(r.failure is None for r in mine):
+        outcomes = [(r.post_data_json["prompt"], r.failure) for r in mine]
+        assert time.monotonic() < deadline, f"the page did not end every request: {outcomes}"
         page.wait_for_timeout(50)
-    assert {r.failure for r in aborted} == {"net::ERR_ABORTED"}
+    assert {r.failure for r in mine} == {"net::ERR_ABORTED"}
     # Every request that reached the engine ended there as aborted: none ran on to its end.
     after = ended(coder_server)
     finished = {reason: after[reason] - before.get(reason, 0) for reason in after}
     assert finished["abort"] >= 1 and sum(finished.values()) == finished["abort"], finished
     assert ghost(page) == ""
+
+
+def typed(requests: list[Request]) -> list[Request]:
+    """The requests for the function being typed (not one for the pasted code)."""
+    return [r for r in requests if r.post_data_json["prompt"].startswith("def circumference")]
 
 
 def ended(server: Server) -> dict[str, float]:

@@ -57,7 +57,8 @@ export class CodePane {
     this.seen = null; // the editor as last handled: {value, start, end}
     this.escaped = false; // Escape, then Tab: the focus leaves the editor
     const editor = this.editor;
-    editor.addEventListener("input", () => this.changed());
+    editor.addEventListener("input", (e) => e.isComposing || this.changed());
+    editor.addEventListener("compositionend", () => this.changed());
     editor.addEventListener("keydown", (e) => this.key(e));
     editor.addEventListener("scroll", () => this.scroll());
     editor.addEventListener("blur", () => this.dismiss());
@@ -82,7 +83,8 @@ export class CodePane {
     const typed = seen && typedOne(seen, now);
     this.ghost = typed && this.ghost.startsWith(typed) ? this.ghost.slice(typed.length) : "";
     this.render();
-    if (now.start === now.end && this.lineSuffix().trim().length <= MAX_LINE_SUFFIX) {
+    const wanted = now.value.trim() && now.start === now.end;
+    if (wanted && this.lineSuffix().trim().length <= MAX_LINE_SUFFIX) {
       this.timer = setTimeout(() => this.complete(), DEBOUNCE_MS);
       this.setState("pending");
     } else {
@@ -191,6 +193,11 @@ export class CodePane {
     this.showNumbers(performance.now() - sent, answer);
     this.render();
     this.setState(this.ghost ? "shown" : "empty");
+    if (this.ghost) {
+      const lines = this.ghost.split("\n").length;
+      const size = lines > 1 ? `${lines} lines` : JSON.stringify(this.ghost);
+      $("code-status").textContent = `completion: ${size}. Tab accepts it, Esc dismisses it`;
+    }
   }
 
   fail(error) {
@@ -265,7 +272,6 @@ export class CodePane {
 
 const HINTS = {
   waiting: "completing…",
-  shown: "Tab accepts the completion, Esc dismisses it",
   empty: "no completion here",
 };
 
