@@ -146,6 +146,26 @@ def test_ghost_text_is_the_servers_completion_and_tab_accepts_it(
     assert watched.outside(coder_server.url) == []
 
 
+def test_a_completion_inside_brackets_takes_the_place_of_the_closing_ones(
+    coder_server: Server, watched: Watched
+) -> None:
+    """Typed inside ``print(area())``: the completion writes the ``))`` already there again
+    (and a comment after it), and takes their place rather than repeating them."""
+    page = watched.page
+    open_code(page, coder_server.url)
+    page.keyboard.type("print(area())")
+    for _ in "))":
+        page.keyboard.press("ArrowLeft")
+    page.keyboard.type("2", delay=40)
+    wait_state(page, "shown")
+    text, caret = editor(page)
+    completion = ghost(page)
+    assert text[caret:] == "))" and completion.startswith("))  #"), completion
+    assert page.locator("#code-mirror").text_content().startswith(text[:caret] + completion + "\n")
+    page.keyboard.press("Tab")
+    assert editor(page) == (text[:caret] + completion, caret + len(completion))
+
+
 def test_each_keystroke_ends_the_request_before_it_on_the_server(
     coder_server: Server, watched: Watched
 ) -> None:

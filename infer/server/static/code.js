@@ -6,7 +6,8 @@
 //
 // The editor is a <textarea> whose text is transparent, over a <pre> that draws the same
 // text with the ghost text inserted at the caret: the textarea keeps the caret, selection,
-// undo and accessibility; the <pre> lets the ghost push the rest of the line aside.
+// undo and accessibility; the <pre> lets the ghost push the rest of the line aside (or take
+// its place, when the completion writes it again).
 
 import { ApiError } from "./api.js";
 
@@ -115,8 +116,20 @@ export class CodePane {
   // Tab: the ghost text goes into the editor (one undo step) and the caret after it.
   accept() {
     const ghost = this.ghost;
+    const caret = this.editor.selectionStart;
+    this.editor.setSelectionRange(caret, caret + this.covered());
     this.ghost = "";
     this.insert(ghost);
+  }
+
+  // How much of the caret's line after it the ghost text takes the place of: all of it when
+  // the ghost's first line starts or ends with it (it closes the brackets already there,
+  // perhaps with a comment after them), else none.
+  covered() {
+    const rest = this.lineSuffix().trimEnd();
+    const first = this.ghost.split("\n", 1)[0];
+    const repeats = rest && (first.startsWith(rest) || first.endsWith(rest));
+    return repeats ? this.lineSuffix().length : 0;
   }
 
   insert(text) {
@@ -256,7 +269,7 @@ export class CodePane {
       this.mirror.replaceChildren(
         value.slice(0, selectionStart),
         ghost,
-        value.slice(selectionStart) + tail,
+        value.slice(selectionStart + this.covered()) + tail,
       );
     } else {
       this.mirror.replaceChildren(value + tail);
