@@ -1,6 +1,6 @@
-"""A real ``infer serve`` (the default model, an API key and a CORS origin set), a proxy in
-front of it that can drop a connection, and headless Chromium from Debian driven by
-Playwright.
+"""A real ``infer serve`` (the default model, an API key and a CORS origin set; for the code
+pane, Qwen2.5-Coder-0.5B with the key), a proxy in front of it that can drop a connection,
+and headless Chromium from Debian driven by Playwright.
 
 `make test` installs Debian's ``chromium`` and the ``playwright`` package (its driver only:
 Playwright's own browser download cannot work offline); these tests do not skip without
@@ -21,16 +21,26 @@ from infer.bench.servers import running_server
 from infer.procs import free_port, serve_command
 from support.browser import API_KEY, CHROMIUM, CHROMIUM_ARGS, DroppingProxy, Server, Watched
 
+CODER = "qwen2.5-coder-0.5b"  # a model with fill-in-the-middle tokens (the default has none)
+
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
+    cors = ("--cors-origin", "http://elsewhere.test")
+    yield from _serve("default", *cors, "--resume-window-s", "30")
+
+
+@pytest.fixture(scope="module")
+def coder_server() -> Iterator[Server]:
+    """A server of a model that fills in the middle, for the code pane."""
+    yield from _serve(CODER)
+
+
+def _serve(model: str, *extra: str) -> Iterator[Server]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    extra = [
-        *("--api-key", API_KEY, "--cors-origin", "http://elsewhere.test"),
-        *("--log-level", "warning", "--resume-window-s", "30"),
-    ]
-    command = serve_command("127.0.0.1", port, "default", "bfloat16", extra)
+    flags = ["--api-key", API_KEY, "--log-level", "warning", *extra]
+    command = serve_command("127.0.0.1", port, model, "bfloat16", flags)
     with running_server(command, url, "/health"):
         yield Server(url)
 

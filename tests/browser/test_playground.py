@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 from playwright.sync_api import Page, expect
 
-from support.browser import API_KEY, DroppingProxy, Server, Watched
+from support.browser import API_KEY, DroppingProxy, Server, Watched, open_playground
 from support.server import parse_metrics
 
 LONG_PROMPT = (  # three blocks of the prefix cache and more
@@ -22,14 +22,6 @@ LONG_PROMPT = (  # three blocks of the prefix cache and more
     "and blue, and from those three she could make every other colour she needed for the "
     "sea, the sky and the fields. The three primary colours are"
 )
-
-
-def open_playground(page: Page, url: str) -> None:
-    """Load the page as a user who entered the API key before (the page keeps it in the
-    browser), and wait until it knows the model."""
-    page.add_init_script(f"localStorage.setItem('infer.apiKey', {json.dumps(API_KEY)})")
-    page.goto(url + "/")
-    expect(page.locator("#model")).to_contain_text("tokens of context")
 
 
 def call(server: Server, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -327,6 +319,29 @@ def test_a_refused_request_shows_the_servers_error_code(server: Server, watched:
     complete(page, server.url, "Hello", max_tokens="9000")  # over the 8192-token context
     assert page.locator(".column").get_attribute("data-status") == "error"
     assert "finish: context_length_exceeded" in numbers(page)
+
+
+def test_the_code_pane_says_when_the_model_does_not_fill_in_the_middle(
+    server: Server, watched: Watched
+) -> None:
+    page = watched.page
+    open_playground(page, server.url)
+    page.check("#mode-code")
+    page.click("#code-editor")
+    page.keyboard.type("def add(a, b):", delay=20)
+    expect(page.locator("#code")).to_have_attribute("data-state", "error")
+    status = page.locator("#code-status")
+    expect(status).to_contain_text("does not fill in the middle")
+    assert call(server, "/v1/models")["data"][0]["id"] in status.inner_text()
+    assert page.locator("#code-mirror .ghost").count() == 0
+    # Without a completion Tab indents to the next tab stop; after Escape it leaves.
+    page.keyboard.press("Enter")
+    page.keyboard.press("Tab")
+    page.keyboard.type("return a + b")
+    assert page.locator("#code-editor").input_value() == "def add(a, b):\n    return a + b"
+    page.keyboard.press("Escape")
+    page.keyboard.press("Tab")
+    assert page.evaluate("() => document.activeElement.id") != "code-editor"
 
 
 def test_docs_render_the_operations_offline(server: Server, watched: Watched, screenshot) -> None:

@@ -1,15 +1,17 @@
-"""What the browser tests share: Chromium's flags, a page's watch list (console errors, every
-URL it asked for) and a proxy that drops a connection mid-stream."""
+"""What the browser tests share: Chromium's flags, opening the playground with a key, a
+page's watch list (console errors, every URL it asked for) and a proxy that drops a
+connection mid-stream."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import threading
 import time
 from dataclasses import dataclass, field
 
-from playwright.sync_api import Page
+from playwright.sync_api import Page, expect
 
 API_KEY = "playground-test-key"
 CHROMIUM = os.environ.get("INFER_CHROMIUM", "/usr/bin/chromium")
@@ -24,6 +26,14 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
+
+
+def open_playground(page: Page, url: str) -> None:
+    """Load the page as a user who entered the API key before (the page keeps it in the
+    browser), and wait until it knows the model."""
+    page.add_init_script(f"localStorage.setItem('infer.apiKey', {json.dumps(API_KEY)})")
+    page.goto(url + "/")
+    expect(page.locator("#model")).to_contain_text("tokens of context")
 
 
 @dataclass

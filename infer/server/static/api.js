@@ -35,11 +35,14 @@ export class Api {
     return headers;
   }
 
-  async call(method, path, body) {
+  // signal: an AbortSignal that ends the request (the server drops its work when the
+  // connection closes).
+  async call(method, path, body, signal) {
     const response = await fetch(path, {
       method,
       headers: this.headers(),
       body: body === undefined ? undefined : JSON.stringify(body),
+      signal,
     });
     if (!response.ok) throw await ApiError.from(response);
     const type = response.headers.get("Content-Type") || "";
@@ -50,8 +53,8 @@ export class Api {
     return this.call("GET", path);
   }
 
-  post(path, body) {
-    return this.call("POST", path, body);
+  post(path, body, signal) {
+    return this.call("POST", path, body, signal);
   }
 
   // Read POST /v1/generate to its terminal event, calling onEvent({id, event, data}) for

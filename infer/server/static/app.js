@@ -1,9 +1,11 @@
 // The playground: streams generations from /v1/generate with per-token traces, and shows
 // each token as a chip coloured by its probability or entropy, its top-k alternatives
 // (click one to branch from it), its attention over the earlier tokens, n samples side by
-// side, and live numbers from the server.
+// side, and live numbers from the server; its code mode completes code as you type
+// (code.js).
 
 import { Api, ApiError, parseMetrics } from "./api.js";
+import { CodePane } from "./code.js";
 import { validate } from "./schema.js";
 
 const $ = (id) => document.getElementById(id);
@@ -17,6 +19,7 @@ const app = {
   selected: null, // {column, index}: the token whose attention is shown
   pinned: false, // the popover stays open (a chip was clicked)
   shown: 0, // the latest attention view asked for: an older answer arriving late is dropped
+  code: null, // the code pane (code.js)
 };
 
 // --- start ---------------------------------------------------------------------------------
@@ -53,6 +56,7 @@ function init() {
       popover.hidden = true;
     }
   });
+  app.code = new CodePane(api);
   showMode();
   connect();
   setInterval(pollStats, 2000);
@@ -106,6 +110,11 @@ function mode() {
 }
 
 function showMode() {
+  document.body.dataset.mode = mode();
+  if (mode() === "code") {
+    $("code-editor").focus();
+    return;
+  }
   const chat = mode() === "chat";
   $("system-row").hidden = !chat;
   $("history").hidden = !chat;
