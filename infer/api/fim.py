@@ -267,21 +267,30 @@ def _extra(
 
 
 def editor_stops(
-    suffix: str, indent: int = 0, time_budget_s: float | None = None, at_suffix: bool = True
+    suffix: str,
+    indent: int = 0,
+    time_budget_s: float | None = None,
+    at_suffix: bool = True,
+    line_head: str = "",
 ) -> EditorStops:
     """A completion's line and time stops for the code after the cursor ``suffix``.
 
     Args:
         suffix: The code after the cursor.
         indent: Later lines indented less than this end the completion (0: off).
-        time_budget_s: After the first newline, the completion ends after this long.
-        at_suffix: A generated line equal to the suffix's first non-blank line ends the
-            completion before it (the fill has reached code that is already there).
+        time_budget_s: Past this long, the completion ends at the next line's end.
+        at_suffix: The fill ends where it reaches code that is already there: a first line
+            that ends with the rest of the cursor's line is cut before it, and a later line
+            equal to the first non-blank line after the cursor ends the completion before it.
+        line_head: The cursor's line up to the cursor.
     """
     lines = suffix.split("\n")
-    first = next((i for i, line in enumerate(lines) if line.strip()), None)
-    if first is None or not at_suffix:
+    rest, later = lines[0], lines[1:]
+    if not at_suffix:
         return EditorStops(indent, time_budget_s)
-    # A suffix that starts its own line (the cursor at a line's start) needs the fill's
-    # last newline; one that ends the cursor's line brings its own.
-    return EditorStops(indent, time_budget_s, lines[first].strip(), keep_newline=first == 0)
+    if rest.strip() and not line_head:
+        # the cursor at a line's start: that line is the next one; a fill keeps its last
+        # newline before it
+        return EditorStops(indent, time_budget_s, rest.strip(), True, rest.rstrip())
+    following = next((line.strip() for line in later if line.strip()), "")
+    return EditorStops(indent, time_budget_s, following, False, rest.rstrip())

@@ -59,6 +59,7 @@ class IncrementalDetokenizer:
         self._stop = tuple(s for s in stop if s)
         self._lines = lines if lines is not None and lines.by_line else None
         self._skip = len(skip)  # characters still to drop from the start of the output
+        self._first_line = True  # no newline has been generated yet
         # The tokens decoded each step: window[:read] is text already shown (context for
         # the tokens after it), window[read:] is not shown yet.
         self._window = self._seed_window(prompt_ids)
@@ -149,6 +150,11 @@ class IncrementalDetokenizer:
         line_cut, undecided = (None, None)
         if self._lines is not None:
             line_cut, undecided = line_stop(self._lines, pending, final)
+            if self._first_line and self._lines.line_rest:
+                first_cut, held = self._first_line_rest(self._lines.line_rest, pending, final)
+                line_cut = first_cut if first_cut is not None else line_cut
+                if held is not None:
+                    undecided = held if undecided is None else min(held, undecided)
         if line_cut is not None and (cut is None or line_cut < cut):
             cut = line_cut
         if cut is not None:
@@ -160,6 +166,22 @@ class IncrementalDetokenizer:
             keep = max(keep, len(pending) - undecided)
         self._pending = pending[len(pending) - keep :]
         return self._emit(pending[: len(pending) - keep])
+
+    def _first_line_rest(
+        self, rest: str, pending: str, final: bool
+    ) -> tuple[int | None, int | None]:
+        """Where the completion's first line ends if it ends with ``rest`` (the rest of the
+        cursor's line, already there), and from where its tail is held back while it may
+        still become that."""
+        end = pending.find("\n")
+        if end < 0 and not final:
+            for n in range(min(len(rest), len(pending)), 0, -1):
+                if pending.endswith(rest[:n]):
+                    return None, len(pending) - n
+            return None, None
+        end = len(pending) if end < 0 else end
+        self._first_line = False
+        return (end - len(rest), None) if pending[:end].endswith(rest) else (None, None)
 
     def _find_stop(self, text: str) -> int | None:
         """Index of the earliest stop string in ``text``, or ``None``."""

@@ -61,17 +61,20 @@ class EditorStops:
             generated line equal to it ends the completion before that line ("" : off).
         keep_newline: A completion cut before a line keeps that line's newline (the text
             after the cursor starts a line of its own), else it ends before it.
+        line_rest: The rest of the cursor's line: a first line of the completion that ends
+            with it is cut before it, and the completion ends there ("" : off).
     """
 
     indent: Annotated[int, Field(ge=0)] = 0
     time_budget_s: Annotated[float, Field(gt=0.0)] | None = None
     suffix_line: str = ""
     keep_newline: bool = False
+    line_rest: str = ""
 
     @property
     def by_line(self) -> bool:
         """Whether a generated line may end the completion (held back until decided)."""
-        return self.indent > 0 or bool(self.suffix_line)
+        return self.indent > 0 or bool(self.suffix_line) or bool(self.line_rest)
 
 
 @dataclass

@@ -219,12 +219,26 @@ def test_line_stop_holds_back_only_what_is_undecided() -> None:
 
 def test_editor_stops_from_the_suffix() -> None:
     # The cursor at a line's end: the suffix brings the newline; a cut takes it away.
-    at_end = editor_stops("\n\n    return y\n", indent=4, time_budget_s=1.0)
+    at_end = editor_stops("\n\n    return y\n", indent=4, time_budget_s=1.0, line_head="  x")
     assert at_end == EditorStops(4, 1.0, "return y", keep_newline=False)
     # The cursor at a line's start: the fill keeps its last newline.
-    assert editor_stops("    return y\n").keep_newline
+    start = editor_stops("    return y\n")
+    assert start.keep_newline and start.suffix_line == "return y"
+    # The cursor inside a line: the rest of it is not written twice
+    inside = editor_stops("))\n    return y\n", line_head="print(area(")
+    assert inside == EditorStops(0, None, "return y", False, "))")
     assert editor_stops("   \n", at_suffix=True).suffix_line == ""
-    assert editor_stops("x", at_suffix=False).suffix_line == ""
+    assert editor_stops("x", at_suffix=False) == EditorStops()
+
+
+@pytest.mark.parametrize("pieces", [1, 2, 100])
+def test_a_first_line_that_ends_with_the_rest_of_the_line_stops_before_it(pieces: int) -> None:
+    stops = EditorStops(line_rest="))")
+    assert feed("radius))\nprint(1)", stops, pieces) == "radius"
+    assert feed("radius))", stops, pieces) == "radius"
+    assert feed("radius) + 1\nx", stops, pieces) == "radius) + 1\nx"
+    # only the first line
+    assert feed("a\nb))\n", stops, pieces) == "a\nb))\n"
 
 
 def test_healing_cuts_the_prompt_back_to_the_cursors_word(

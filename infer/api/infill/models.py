@@ -122,7 +122,10 @@ class InfillRequest(Body):
         code = FimRequest(self.input_prefix, self.input_suffix, self.prompt, extra)
         fill = Fill(code, Limits(PREFIX_TOKENS, SUFFIX_TOKENS), layout)
         budget = self.t_max_predict_ms / 1000 if self.t_max_predict_ms > 0 else None
-        editor = editor_stops(self.input_suffix, self.n_indent, budget, self.stop_at_suffix)
+        head = (self.input_prefix + self.prompt).rsplit("\n", 1)[-1]
+        editor = editor_stops(
+            self.input_suffix, self.n_indent, budget, self.stop_at_suffix, line_head=head
+        )
         params = SamplingParams(
             repetition_penalty=self.repeat_penalty,
             presence_penalty=self.presence_penalty,

@@ -255,7 +255,7 @@ class OllamaGenerateRequest(ReplyFields):
             return options.engine_request(Prompt(self.prompt), card, schema)
         if self.suffix:
             fill = Fill(fim_request(self.prompt, self.suffix), layout=card.layout)
-            stops = editor_stops(self.suffix)
+            stops = editor_stops(self.suffix, line_head=self.prompt.rsplit("\n", 1)[-1])
             return options.engine_request(Prompt(fill=fill), card, schema, editor=stops)
         turns = [ChatMessage(role="system", content=self.system)] if self.system else []
         turns.append(ChatMessage(role="user", content=self.prompt))

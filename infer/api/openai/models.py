@@ -144,7 +144,9 @@ class CompletionRequest(OpenAIFields):
         )
         if not self.suffix:
             return request
-        params = dataclasses.replace(request.params, editor=editor_stops(self.suffix))
+        head = str(self.prompt_list()[0]).rsplit("\n", 1)[-1]
+        stops = editor_stops(self.suffix, line_head=head)
+        params = dataclasses.replace(request.params, editor=stops)
         return dataclasses.replace(request, params=params)
 
 
