@@ -24,6 +24,7 @@ TAGS: list[Tag | dict[Any, Any]] = [
     Tag(name="native", description="infer's event stream with per-token traces, and inspection"),
     Tag(name="tokens", description="What the model reads: tokenize and detokenize"),
     Tag(name="code completion", description="llama.cpp's /infill: fill in the middle"),
+    Tag(name="Anthropic", description="Anthropic's Messages API: /v1/messages, count_tokens"),
     Tag(name="operations", description="Readiness, Prometheus metrics, and a gateway's probes"),
 ]
 ERROR_STATUSES = (400, 401, 413, 422, 429, 500, 503)
