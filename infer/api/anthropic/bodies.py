@@ -126,6 +126,8 @@ def error_body(error: APIError) -> AnthropicError:
     message = error.message
     if error.code in _TOO_LONG:
         message = f"prompt is too long: {message}"
+    elif error.code is ErrorCode.INVALID_API_KEY:
+        message = "send a valid key: x-api-key: <key>, or Authorization: Bearer <key>"
     return {
         "type": "error",
         "error": {"type": kind or "invalid_request_error", "message": message},
