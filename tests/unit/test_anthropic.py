@@ -207,6 +207,7 @@ def test_output_config_format_is_structured_output() -> None:
             "image blocks are not supported",
         ),
         ({"messages": [{"role": "user", "content": [{"type": "foo"}]}]}, "no content block"),
+        ({"messages": [{"role": "user", "content": [{"type": ["text"]}]}]}, "content"),
         (
             {"tools": [{"type": "web_search_20250305", "name": "web_search", "max_uses": 5}]},
             "'web_search_20250305' tools are not supported",

@@ -147,10 +147,12 @@ def _check_blocks(blocks: list[Any], where: str = "content") -> None:
     content included), and one of no known type."""
     for j, block in enumerate(blocks):
         kind = block.get("type") if isinstance(block, dict) else None
+        if not isinstance(kind, str):
+            continue  # the block's own validation says what is wrong
         if kind in UNSUPPORTED_BLOCKS:
             why = UNSUPPORTED_BLOCKS[kind]
             raise ValueError(f"{where}.{j}: {kind} blocks are not supported: {why}")
-        if isinstance(kind, str) and kind not in _BLOCKS:
+        if kind not in _BLOCKS:
             raise ValueError(f"{where}.{j}: no content block has type {kind!r}")
         if kind == "tool_result" and isinstance(block.get("content"), list):
             _check_blocks(block["content"], f"{where}.{j}.content")
@@ -186,7 +188,7 @@ class ToolParam(Body):
     @classmethod
     def _client_tool(cls, data: Any) -> Any:
         kind = data.get("type") if isinstance(data, dict) else None
-        if kind not in (None, "custom"):
+        if isinstance(kind, str) and kind != "custom":
             raise ValueError(f"{kind!r} tools are not supported: {_SERVER_SIDE}")
         return data
 
