@@ -68,6 +68,7 @@ class IncrementalDetokenizer:
         self._text: list[str] = []
         self._stopped = False
         self._finished = False
+        self.matched: str | None = None  # the stop string that ended the text
 
     @property
     def stopped(self) -> bool:
@@ -146,7 +147,7 @@ class IncrementalDetokenizer:
     def _release(self, new_text: str, final: bool) -> str:
         """Add decoded text to the pending tail; emit what cannot be part of a stop."""
         pending = self._pending + new_text
-        cut = self._find_stop(pending)
+        cut, matched = self._find_stop(pending)
         line_cut, undecided = (None, None)
         if self._lines is not None:
             line_cut, undecided = line_stop(self._lines, pending, final)
@@ -156,9 +157,9 @@ class IncrementalDetokenizer:
                 if held is not None:
                     undecided = held if undecided is None else min(held, undecided)
         if line_cut is not None and (cut is None or line_cut < cut):
-            cut = line_cut
+            cut, matched = line_cut, None
         if cut is not None:
-            self._stopped = True
+            self._stopped, self.matched = True, matched
             self._pending = ""
             return self._emit(pending[:cut])
         keep = 0 if final else self._stop_prefix_len(pending)
@@ -183,10 +184,10 @@ class IncrementalDetokenizer:
         self._first_line = False
         return (end - len(rest), None) if pending[:end].endswith(rest) else (None, None)
 
-    def _find_stop(self, text: str) -> int | None:
-        """Index of the earliest stop string in ``text``, or ``None``."""
-        hits = [i for i in (text.find(s) for s in self._stop) if i >= 0]
-        return min(hits) if hits else None
+    def _find_stop(self, text: str) -> tuple[int | None, str | None]:
+        """Index of the earliest stop string in ``text`` and that string, or ``None``s."""
+        hits = [(i, s) for s, i in ((s, text.find(s)) for s in self._stop) if i >= 0]
+        return min(hits, key=lambda hit: hit[0]) if hits else (None, None)
 
     def _stop_prefix_len(self, text: str) -> int:
         """Length of the longest tail of ``text`` that begins some stop string."""

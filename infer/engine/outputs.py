@@ -326,6 +326,8 @@ def step_output(req: Request, token: int | None, delta: str) -> StepOutput:
         accepted_prediction_tokens=req.drafts.accepted_prediction,
         rejected_prediction_tokens=req.drafts.rejected_prediction,
     )
+    if req.outcome is FinishReason.STOP and req.detokenizer is not None:
+        out.stop = req.detokenizer.matched
     scored = req.scores_prompt and len(req.prompt_scores) == req.prompt_len - 1
     if scored and not req.prompt_reported:  # the first output once the prompt is scored
         out.prompt_logprobs, req.prompt_reported = req.prompt_scores, True

@@ -178,6 +178,7 @@ class StepOutput:
     text_delta: str
     outcome: Outcome | None = None  # set on the last output only
     message: str | None = None  # an error's client-safe detail (else the code's message)
+    stop: str | None = None  # the stop string that ended it (outcome STOP)
     prompt_tokens: int = 0
     completion_tokens: int = 0
     num_tokens: int = 0  # tokens this output stands for

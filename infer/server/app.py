@@ -19,7 +19,7 @@ from infer.server.config import ServerConfig
 from infer.server.edge import access, errors, openapi
 from infer.server.edge.guard import RequestGuard
 from infer.server.host.state import ServerState
-from infer.server.routes import infill, native, ollama, ops, responses
+from infer.server.routes import anthropic, infill, native, ollama, ops, responses
 from infer.server.routes import openai as openai_routes
 
 # The routes, each blueprint with the dialect its errors are answered in.
@@ -29,6 +29,7 @@ ROUTES = (
     (native.blueprint, errors.DEFAULT),
     (infill.blueprint, infill.DIALECT),
     (ollama.blueprint, ollama.DIALECT),
+    (anthropic.blueprint, anthropic.DIALECT),
     (ops.blueprint, errors.DEFAULT),
     (playground.blueprint, errors.DEFAULT),
 )

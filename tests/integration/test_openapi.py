@@ -61,6 +61,14 @@ async def test_openapi_document_and_docs_page(tiny_model, default_tokenizer) -> 
     answer = responses["responses"]["200"]["content"]["application/json"]["schema"]
     answer = components.get(answer.get("$ref", "").split("/")[-1], answer)
     assert {"output", "usage", "status", "previous_response_id"} <= set(answer["properties"])
+    for path in ("/v1/messages", "/v1/messages/count_tokens"):  # Anthropic's, under its tag
+        view = doc["paths"][path]["post"]
+        assert view["tags"] == ["Anthropic"] and {"200", "400", "401", "404"} <= set(
+            view["responses"]
+        )
+        error = view["responses"]["401"]["content"]["application/json"]["schema"]
+        assert error.get("title", error.get("$ref", "")).endswith("AnthropicError")
+    assert "Anthropic" in [t["name"] for t in doc["tags"]]
     assert docs.status_code == 200 and "swagger-ui" in docs.text
 
 

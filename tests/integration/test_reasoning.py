@@ -1,9 +1,8 @@
 """Reasoning kept apart from the answer, on a tiny random Qwen3 with a thinking template.
 
-The model is random, so its text is scripted: :class:`ScriptedModel` runs the real forward
-pass and then makes the script's next token the only likely one. Everything after the
-logits (the grammar, sampling, detokenizing, reading the reply, the HTTP formats) is the
-real path.
+The model is random, so its text is scripted (:class:`~support.scripted.ScriptedModel`).
+Everything after the logits (the grammar, sampling, detokenizing, reading the reply, the
+HTTP formats) is the real path.
 """
 
 from __future__ import annotations
@@ -14,69 +13,25 @@ from typing import Any
 
 import httpx
 import pytest
-import torch
-from torch import Tensor, nn
 
 from infer.engine.config import EngineConfig
 from infer.engine.engine import Engine
-from infer.models.context import PagedContext
 from infer.models.loader import LoadedModel
 from infer.server.app import create_app
 from infer.server.config import ServerConfig
+from support.scripted import THINKING_TEMPLATE, ScriptedModel
 from support.server import running_server
 from support.tiny import ours_from, tiny_reference
 
 pytestmark = pytest.mark.slow
 
-# Qwen3's shape: tools in a system turn, a reply that thinks unless enable_thinking is false
-# (then the prompt closes an empty block).
-TEMPLATE = (
-    "{%- if tools %}<|im_start|>system\n# Tools\n<tools>{% for t in tools %}\n{{ t | tojson }}"
-    '{% endfor %}\n</tools>\nCall a function as <tool_call>\n{"name": <function-name>, '
-    '"arguments": <args-json-object>}\n</tool_call><|im_end|>\n{%- endif %}'
-    "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{%- endfor %}"
-    "{%- if add_generation_prompt %}<|im_start|>assistant\n{%- if enable_thinking is defined "
-    "and enable_thinking is false %}<think>\n\n</think>\n\n{%- endif %}{%- endif %}"
-)
 ASK = [{"role": "user", "content": "What is the capital of France?"}]
-
-
-class ScriptedModel(nn.Module):
-    """A model whose reply is ``script`` (token ids), then EOS."""
-
-    def __init__(self, model: nn.Module, eos: int) -> None:
-        super().__init__()
-        self.inner, self.config, self.eos = model, model.config, eos
-        self.script: list[int] = []
-        self._base = 0  # position of the reply's first token
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.inner.dtype  # type: ignore[no-any-return]
-
-    @property
-    def device(self) -> torch.device:
-        return self.inner.device  # type: ignore[no-any-return]
-
-    def forward_paged(
-        self, input_ids: Tensor, positions: Tensor, ctx: PagedContext, logits_index: Tensor
-    ) -> Any:
-        out = self.inner.forward_paged(input_ids, positions, ctx, logits_index)
-        for row, index in enumerate(logits_index.tolist()):
-            position = int(positions[index])
-            if ctx.spans:  # a prompt's last token: the reply starts after it
-                self._base = position + 1
-            k = position + 1 - self._base
-            token = self.script[k] if k < len(self.script) else self.eos
-            out.logits[row] = -1e4
-            out.logits[row, token] = 0.0
-        return out
 
 
 @pytest.fixture(scope="module")
 def thinking_app(qwen_model: LoadedModel) -> tuple[Any, ScriptedModel, Any]:
     tokenizer = copy.deepcopy(qwen_model.tokenizer)
-    tokenizer.chat_template = TEMPLATE
+    tokenizer.chat_template = THINKING_TEMPLATE
     ref = tiny_reference(
         "qwen3",
         perturb=False,

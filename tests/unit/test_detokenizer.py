@@ -186,6 +186,7 @@ def test_stop_inside_one_token_cuts_it(tok: PreTrainedTokenizerBase) -> None:
 def test_earliest_stop_wins(tok: PreTrainedTokenizerBase) -> None:
     det = IncrementalDetokenizer(tok, [], stop=["more", " and"])
     assert "".join(stream(det, tok.encode("Hello world and more"))) == "Hello world"
+    assert det.matched == " and"  # which one ended the text (Anthropic's stop_sequence)
 
 
 def test_held_prefix_released_when_not_a_stop(tok: PreTrainedTokenizerBase) -> None:
@@ -195,7 +196,7 @@ def test_held_prefix_released_when_not_a_stop(tok: PreTrainedTokenizerBase) -> N
     assert deltas[:2] == ["Hello", " "]  # "world" held: it may begin "world peace"
     assert deltas[2] == "world and"
     assert "".join(deltas) == "Hello world and more"
-    assert not det.stopped
+    assert not det.stopped and det.matched is None
 
 
 def test_finish_releases_held_prefix(tok: PreTrainedTokenizerBase) -> None:

@@ -230,7 +230,15 @@ async def test_the_api_docs_group_every_route_and_read_as_plain_text() -> None:
     client = create_app(ServerConfig()).test_client()  # no model: the document needs none
     doc = await (await client.get("/openapi.json")).get_json()
     groups = {t["name"] for t in doc["tags"]}
-    assert groups == {"OpenAI", "native", "tokens", "code completion", "Ollama", "operations"}
+    assert groups == {
+        "OpenAI",
+        "Anthropic",
+        "Ollama",
+        "native",
+        "tokens",
+        "code completion",
+        "operations",
+    }
     operations = [op for ops in doc["paths"].values() for op in ops.values()]
     assert len(operations) >= 15
     for op in operations:

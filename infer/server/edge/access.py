@@ -17,7 +17,7 @@ from quart import Quart, Response, request
 from infer.api.errors import APIError, ErrorCode
 from infer.server import playground
 from infer.server.config import ServerConfig
-from infer.server.edge.errors import dialect, error_response
+from infer.server.edge.errors import Dialect, dialect, error_response
 
 OPEN_PATHS = frozenset({"/health"})  # and the pages (playground.is_open)
 CORS_METHODS = "GET, POST, OPTIONS"
@@ -134,12 +134,12 @@ def install(app: Quart, config: ServerConfig) -> None:
             request.method == "GET" and playground.is_open(request.path)
         ):
             return None
-        speaks = dialect()
+        key, bearer = _credential(dialect())
         try:
-            keys.check(request.headers.get(speaks.key_header), speaks.bearer)
+            keys.check(key, bearer)
             if limiter is not None and request.method == "POST":
                 # Only a checked key identifies a client; any other header is free to vary.
-                token = request.headers.get(speaks.key_header) if keys.enabled else None
+                token = key if keys.enabled else None
                 limiter.acquire(client_key(token, request.remote_addr))
         except APIError as e:
             return error_response(e)
@@ -153,6 +153,15 @@ def install(app: Quart, config: ServerConfig) -> None:
             response.headers["Access-Control-Expose-Headers"] = "Retry-After"
             response.vary.add("Origin")
         return response
+
+
+def _credential(speaks: Dialect) -> tuple[str | None, bool]:
+    """The caller's key and whether it comes as ``Bearer <key>``: in its dialect's header,
+    else in ``Authorization`` (an Anthropic client given a token sends it there)."""
+    key = request.headers.get(speaks.key_header)
+    if key is None and speaks.key_header.lower() != "authorization":
+        return request.headers.get("Authorization"), True
+    return key, speaks.bearer
 
 
 def _allowed(origin: str, origins: frozenset[str]) -> bool:

@@ -4,8 +4,8 @@ response that carries them.
 An SSE event is ``id:`` and ``event: <name>`` (each optional) and one ``data:`` line of
 compact JSON, ended by a blank line. JSON never holds a raw newline, so one data line always
 suffices. A heartbeat is a comment line, which every SSE client (``EventSource``, the
-``openai`` client) ignores. An NDJSON event is its JSON on one line; it has no names, ids or
-heartbeats.
+``openai`` client) ignores, or an event where a protocol names one (Anthropic's ``ping``).
+An NDJSON event is its JSON on one line; it has no names, ids or heartbeats.
 """
 
 from __future__ import annotations
@@ -84,6 +84,11 @@ class NDJSONFraming(Framing):
 
 SSE = SSEFraming("text/event-stream", HEARTBEAT)
 NDJSON = NDJSONFraming("application/x-ndjson", b"")
+
+
+def sse_with_heartbeat(heartbeat: Event) -> Framing:
+    """SSE whose heartbeat is ``heartbeat``, an event, rather than a comment."""
+    return SSEFraming(SSE.content_type, SSE.frame([heartbeat]))
 
 
 def stream_response(body: AsyncIterator[bytes], framing: Framing = SSE) -> Response:

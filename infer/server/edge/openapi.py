@@ -25,6 +25,7 @@ TAGS: list[Tag | dict[Any, Any]] = [
     Tag(name="tokens", description="What the model reads: tokenize and detokenize"),
     Tag(name="code completion", description="llama.cpp's /infill: fill in the middle"),
     Tag(name="Ollama", description="Ollama's API: /api/generate, /api/chat, NDJSON lines"),
+    Tag(name="Anthropic", description="Anthropic's Messages API: /v1/messages, count_tokens"),
     Tag(name="operations", description="Readiness, Prometheus metrics, and a gateway's probes"),
 ]
 ERROR_STATUSES = (400, 401, 413, 422, 429, 500, 503)
