@@ -1,0 +1,69 @@
+"""Which served models stay in memory: the memory budget, pins and keep-alive, as policy.
+
+Pure functions over what the server knows of each model (:class:`Resident`); the server
+loads, unloads and keeps the clock. A model may be unloaded only when it is loaded, idle (no
+request is being admitted to it or read from it) and not pinned. To make room for another,
+the least recently used such models go first, and only as many as needed; a model whose
+keep-alive has run out since it went idle goes on its own.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Protocol
+
+
+class Resident(Protocol):
+    """What the policy reads of a served model."""
+
+    @property
+    def loaded(self) -> bool: ...
+    @property
+    def busy(self) -> bool: ...
+    @property
+    def pinned(self) -> bool: ...
+    @property
+    def size(self) -> int: ...  # bytes it holds (or will hold) in memory
+    @property
+    def last_used(self) -> float: ...
+    @property
+    def expires_at(self) -> float: ...  # when its keep-alive ends (inf: never, or busy)
+
+
+def evictable(models: Sequence[Resident]) -> list[Resident]:
+    """The models that may be unloaded now, least recently used first."""
+    idle = [m for m in models if m.loaded and not m.busy and not m.pinned]
+    return sorted(idle, key=lambda m: m.last_used)
+
+
+def to_evict(models: Sequence[Resident], need: int, budget: int) -> list[Resident] | None:
+    """The models to unload so that ``need`` more bytes fit in ``budget``.
+
+    Args:
+        models: Every served model (those loaded count against the budget).
+        need: Bytes the model about to load takes.
+        budget: Bytes all loaded models may take together.
+
+    Returns:
+        The least recently used idle unpinned models whose bytes make room (none when it
+        fits already), or ``None`` when even all of them would not.
+    """
+    used = sum(m.size for m in models if m.loaded)
+    chosen: list[Resident] = []
+    for model in evictable(models):
+        if used + need <= budget:
+            break
+        chosen.append(model)
+        used -= model.size
+    return chosen if used + need <= budget else None
+
+
+def expired(models: Sequence[Resident], now: float) -> list[Resident]:
+    """The models whose keep-alive has run out (idle, unpinned, loaded)."""
+    return [m for m in evictable(models) if m.expires_at <= now]
+
+
+def next_expiry(models: Sequence[Resident]) -> float:
+    """When the next keep-alive runs out (``inf``: none will)."""
+    return min((m.expires_at for m in evictable(models)), default=math.inf)
