@@ -26,12 +26,12 @@ from hypercorn.typing import ConnectionState
 from hypercorn.utils import repr_socket_addr, wrap_app
 from quart_trio import QuartTrio
 
+from infer.engine import residency
 from infer.engine.config import EngineConfig
 from infer.engine.embed import Embedder
 from infer.engine.engine import Engine
 from infer.server.app import create_app, drain
 from infer.server.config import ServerConfig
-from infer.server.host.registry import load_served
 from infer.server.host.state import ServerState
 
 log = logging.getLogger("infer.server")
@@ -135,7 +135,7 @@ def load_off_thread(config: EngineConfig) -> Engine | Embedder:
 
     def load() -> None:
         try:
-            result.append(load_served(config))
+            result.append(residency.load(config))
         except BaseException as e:  # noqa: BLE001 - re-raised in the calling thread
             errors.append(e)
 

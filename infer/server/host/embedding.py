@@ -1,17 +1,17 @@
-"""An embedding model's thread (:class:`EmbedWorker`), and :func:`embed`, the one way in for
+"""An embedding model's worker (:class:`EmbedWorker`), and :func:`embed`, the one way in for
 every embeddings route (OpenAI's ``/v1/embeddings``, Ollama's ``/api/embed``).
 
-Like an engine, an embedder runs on a thread of its own (its OpenMP team is made once), one
-request at a time, each forward under the shared :class:`~infer.engine.cores.Cores`: a
-request of a few hundred tokens (a query) is latency-bound, a large batch (indexing a
-codebase) throughput-bound, so a code completion goes between its forwards.
+An embedder runs its requests one at a time off the event loop, each forward under the
+shared :class:`~infer.engine.cores.Cores`: a request of a few hundred tokens (a query) is
+latency-bound, a large batch (indexing a codebase) throughput-bound, so a code completion
+goes between its forwards.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, NamedTuple
 
 import torch
@@ -30,24 +30,13 @@ LATENCY_TOKENS = 512  # a request of at most this many tokens is latency-bound
 QUEUE = 64  # requests that may wait for an embedding model
 
 
-@dataclass(eq=False)
-class _Job:
-    inputs: Sequence[EmbedInput]
-    truncate: bool
-    dimensions: int | None
-    done: trio.Event = field(default_factory=trio.Event)
-    result: Embeddings | None = None
-    error: BaseException | None = None
-    abandoned: bool = False  # its request went away: not worth computing
-
-
 class EmbedWorker:
-    """Runs an :class:`Embedder` on a thread of its own.
+    """Runs an :class:`Embedder`'s requests one at a time, each in a worker thread.
 
     Args:
         embedder: The model.
         cores: Held around each forward.
-        num_threads: Torch threads of its thread (``None``: torch's default).
+        num_threads: Torch threads of the thread that runs it (``None``: torch's default).
         on_idle: Called when its last request has its answer.
     """
 
@@ -62,10 +51,9 @@ class EmbedWorker:
         self.cores = cores
         self.num_threads = num_threads
         self.on_idle = on_idle
-        self._send, self._receive = trio.open_memory_channel[_Job](QUEUE)
-        self._current: _Job | None = None
         self.pending = 0  # requests queued or running
         self.ready = False
+        self._one_at_a_time = trio.CapacityLimiter(1)
 
     @property
     def busy(self) -> bool:
@@ -74,7 +62,8 @@ class EmbedWorker:
     async def embed(
         self, inputs: Sequence[EmbedInput], truncate: bool, dimensions: int | None
     ) -> Embeddings:
-        """Embed on the worker's thread (see :meth:`Embedder.embed`).
+        """Embed in a worker thread (see :meth:`Embedder.embed`); a request that goes away
+        meanwhile is still computed to its end (a forward cannot be cut short).
 
         Raises:
             WorkerStoppedError: The worker is not running.
@@ -83,79 +72,36 @@ class EmbedWorker:
         """
         if not self.ready:
             raise WorkerStoppedError("the embedder is not running")
-        job = _Job(inputs, truncate, dimensions)
-        try:
-            self._send.send_nowait(job)
-        except trio.WouldBlock:
-            raise QueueFullError("the embedding queue is full") from None
+        if self.pending >= QUEUE:
+            raise QueueFullError("the embedding queue is full")
         self.pending += 1
         try:
-            await job.done.wait()
+            run = partial(self._embed, inputs, truncate, dimensions)
+            return await trio.to_thread.run_sync(run, limiter=self._one_at_a_time)
         finally:
-            job.abandoned = True
-        if job.error is not None:
-            raise job.error
-        assert job.result is not None
-        return job.result
+            self.pending -= 1
+            if self.pending == 0 and self.on_idle is not None:
+                self.on_idle()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Run the thread until cancelled; then fail what still waits."""
+        """Take requests until cancelled."""
         self.ready = True
         task_status.started()
         try:
-            await trio.to_thread.run_sync(self._loop, limiter=trio.CapacityLimiter(1))
+            await trio.sleep_forever()
         finally:
             self.ready = False
-            self._send.close()
-            left = [self._current] if self._current is not None else []
-            left += list(iter(_take(self._receive), None))
-            for job in left:
-                job.error = WorkerStoppedError("the embedder stopped")
-                self._finish(job)
 
-    def _loop(self) -> None:
+    def _embed(
+        self, inputs: Sequence[EmbedInput], truncate: bool, dimensions: int | None
+    ) -> Embeddings:
         if self.num_threads:
-            torch.set_num_threads(self.num_threads)
-        while True:
-            try:
-                job = trio.from_thread.run(self._receive.receive)
-            except (trio.Cancelled, trio.EndOfChannel):
-                return
-            self._current = job
-            if not job.abandoned:
-                try:
-                    job.result = self.embedder.embed(
-                        job.inputs, job.truncate, job.dimensions, turn=self._turn
-                    )
-                except Exception as e:  # noqa: BLE001 - handed to the request
-                    job.error = e
-            try:
-                trio.from_thread.run_sync(self._finish, job)
-            except trio.Cancelled:
-                return  # run() finishes it
-            self._current = None
+            torch.set_num_threads(self.num_threads)  # per thread, as the engine's
+        return self.embedder.embed(inputs, truncate, dimensions, turn=self._turn)
 
     def _turn(self, tokens: int) -> AbstractContextManager[None]:
         urgency = Urgency.LATENCY if tokens <= LATENCY_TOKENS else Urgency.THROUGHPUT
         return self.cores.turn(urgency)
-
-    def _finish(self, job: _Job) -> None:
-        if job.done.is_set():
-            return
-        job.done.set()
-        self.pending -= 1
-        if self.pending == 0 and self.on_idle is not None:
-            self.on_idle()
-
-
-def _take(channel: trio.MemoryReceiveChannel[_Job]) -> Callable[[], _Job | None]:
-    def take() -> _Job | None:
-        try:
-            return channel.receive_nowait()
-        except (trio.WouldBlock, trio.EndOfChannel):
-            return None
-
-    return take
 
 
 class Embedded(NamedTuple):

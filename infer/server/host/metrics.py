@@ -12,7 +12,6 @@ import bisect
 import math
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
-from functools import partial
 from typing import NamedTuple
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -116,76 +115,43 @@ class Metrics:
 
     def families(self, model: str, live: Live) -> list[Metric]:
         """Every metric as a ``prometheus-client`` family, in exposition order."""
-        finished = CounterMetricFamily(
-            "infer_requests",
-            "Requests that ended, by finish reason.",
-            labels=["model", "finish_reason"],
-        )
-        for reason, n in sorted(self.finished.items()):
-            finished.add_metric([model, reason], n)
-        rejected = CounterMetricFamily(
-            "infer_requests_rejected",
-            "Requests refused before generating, by code.",
-            labels=["model", "code"],
-        )
-        for code, n in sorted(self.rejected.items()):
-            rejected.add_metric([model, code], n)
-        one = partial(_one, model)
+        cache = live.cache or dict.fromkeys(CACHE_METRICS, 0)
+        drafted, accepted = cache["infer_draft_tokens_total"], cache[_ACCEPTED]
+        used, total = cache["infer_kv_blocks_used"], cache["infer_kv_blocks_total"]
+        values = {
+            "infer_requests_running": live.running,
+            "infer_requests_waiting": live.waiting,
+            "infer_ready": int(live.ready),
+            "infer_client_disconnects": self.client_disconnects,
+            "infer_generated_tokens": self.generated_tokens,
+            "infer_prompt_tokens": self.prompt_tokens,
+            "infer_prompt_tokens_cached": self.cached_prompt_tokens,
+            "infer_stream_resumes": self.stream_resumes,
+            **cache,
+            "infer_draft_acceptance_rate": accepted / drafted if drafted else 0.0,
+            "vllm:num_requests_waiting": live.waiting,
+            "vllm:num_requests_running": live.running,
+            "vllm:kv_cache_usage_perc": used / total if total else 0.0,
+        }
+        series = {**SERIES, **CACHE_METRICS, **GATEWAY}
         return [
-            one(
-                GaugeMetricFamily,
-                "infer_requests_running",
-                "Requests being generated.",
-                live.running,
+            _counts(
+                model,
+                "infer_requests",
+                "Requests that ended, by finish reason.",
+                "finish_reason",
+                self.finished,
             ),
-            one(
-                GaugeMetricFamily,
-                "infer_requests_waiting",
-                "Requests queued for the engine.",
-                live.waiting,
+            _counts(
+                model,
+                "infer_requests_rejected",
+                "Requests refused before generating, by code.",
+                "code",
+                self.rejected,
             ),
-            one(
-                GaugeMetricFamily,
-                "infer_ready",
-                "1 when the model is loaded and its engine runs.",
-                int(live.ready),
-            ),
-            finished,
-            rejected,
-            one(
-                CounterMetricFamily,
-                "infer_client_disconnects",
-                "Streams whose client went away before the end.",
-                self.client_disconnects,
-            ),
-            one(
-                CounterMetricFamily,
-                "infer_generated_tokens",
-                "Tokens generated for clients.",
-                self.generated_tokens,
-            ),
-            one(
-                CounterMetricFamily,
-                "infer_prompt_tokens",
-                "Prompt tokens of requests that ended (inputs embedded, for embeddings).",
-                self.prompt_tokens,
-            ),
-            one(
-                CounterMetricFamily,
-                "infer_prompt_tokens_cached",
-                "Prompt tokens of requests that ended that the prefix cache served.",
-                self.cached_prompt_tokens,
-            ),
-            one(
-                CounterMetricFamily,
-                "infer_stream_resumes",
-                "Native streams read again by request_id (a reconnect or a takeover).",
-                self.stream_resumes,
-            ),
+            *(_one(model, kind, name, text, values[name]) for name, (kind, text) in series.items()),
             self.ttft.family(model),
             self.itl.family(model),
-            *_cache_families(model, live.cache or dict.fromkeys(CACHE_METRICS, 0)),
-            *_gateway_families(model, live),
         ]
 
 
@@ -201,20 +167,40 @@ def exposition(models: Sequence[tuple[str, Metrics, Live]]) -> str:
     return _expose(list(merged.values()))
 
 
-def _one(
-    model: str,
-    kind: type[GaugeMetricFamily | CounterMetricFamily],
-    name: str,
-    help_text: str,
-    value: float,
-) -> Metric:
+def _one(model: str, kind: str, name: str, help_text: str, value: float) -> Metric:
     """A family of one series, labelled with the model."""
-    family = kind(name, help_text, labels=["model"])
+    family = (GaugeMetricFamily if kind == "gauge" else CounterMetricFamily)(
+        name, help_text, labels=["model"]
+    )
     family.add_metric([model], value)
     return family
 
 
-# The engine's KV cache counters: name → (type, help).
+def _counts(model: str, name: str, help_text: str, label: str, counts: Counter[str]) -> Metric:
+    """A counter family with a series per value of ``label``."""
+    family = CounterMetricFamily(name, help_text, labels=["model", label])
+    for value, n in sorted(counts.items()):
+        family.add_metric([model, value], n)
+    return family
+
+
+# Each model's one-series metrics: name → (type, help); then its engine's KV cache counters.
+SERIES = {
+    "infer_requests_running": ("gauge", "Requests being generated."),
+    "infer_requests_waiting": ("gauge", "Requests queued for the engine."),
+    "infer_ready": ("gauge", "1 when the model is loaded and its engine runs."),
+    "infer_client_disconnects": ("counter", "Streams whose client went away before the end."),
+    "infer_generated_tokens": ("counter", "Tokens generated for clients."),
+    "infer_prompt_tokens": ("counter", "Prompt tokens (inputs embedded) of requests that ended."),
+    "infer_prompt_tokens_cached": (
+        "counter",
+        "Prompt tokens of requests that ended that the prefix cache served.",
+    ),
+    "infer_stream_resumes": (
+        "counter",
+        "Native streams read again by request_id (a reconnect or a takeover).",
+    ),
+}
 CACHE_METRICS = {
     "infer_kv_blocks_used": ("gauge", "KV cache blocks held by requests."),
     "infer_kv_blocks_total": ("gauge", "KV cache blocks in the pool."),
@@ -223,30 +209,22 @@ CACHE_METRICS = {
     "infer_preemptions_total": ("counter", "Requests preempted (recomputed later) for KV room."),
     "infer_draft_tokens_total": ("counter", "Draft tokens verified (speculative decoding)."),
     "infer_draft_tokens_accepted_total": ("counter", "Draft tokens the model agreed with."),
+    "infer_draft_acceptance_rate": (
+        "gauge",
+        "Share of verified draft tokens the model agreed with, 0 to 1 (0 before any).",
+    ),
 }
-
-
-def _cache_families(model: str, cache: Mapping[str, int]) -> list[Metric]:
-    drafted = cache["infer_draft_tokens_total"]
-    return [
-        *(
-            _one(
-                model,
-                GaugeMetricFamily if kind == "gauge" else CounterMetricFamily,
-                name,
-                help_text,
-                cache[name],
-            )
-            for name, (kind, help_text) in CACHE_METRICS.items()
-        ),
-        _one(
-            model,
-            GaugeMetricFamily,
-            "infer_draft_acceptance_rate",
-            "Share of verified draft tokens the model agreed with, 0 to 1 (0 before any).",
-            cache["infer_draft_tokens_accepted_total"] / drafted if drafted else 0.0,
-        ),
-    ]
+# The three gauges the Kubernetes inference gateway's model-server protocol reads (vLLM's
+# names), so llm-d or KServe can route to this server as they route to vLLM.
+GATEWAY = {
+    "vllm:num_requests_waiting": ("gauge", "Requests queued (as vLLM names it)."),
+    "vllm:num_requests_running": ("gauge", "Requests running (as vLLM names it)."),
+    "vllm:kv_cache_usage_perc": (
+        "gauge",
+        "Share of KV cache blocks in use, 0 to 1 (as vLLM names it).",
+    ),
+}
+_ACCEPTED = "infer_draft_tokens_accepted_total"
 
 
 class _Families:
@@ -263,33 +241,3 @@ def _expose(families: Sequence[Metric]) -> str:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Families(families))
     return generate_latest(registry).decode("utf-8")
-
-
-def _gateway_families(model: str, live: Live) -> list[Metric]:
-    """The three gauges the Kubernetes inference gateway's model-server protocol reads (vLLM's
-    names), so llm-d or KServe can route to this server as they route to vLLM."""
-    used = live.cache.get("infer_kv_blocks_used", 0) if live.cache else 0
-    total = live.cache.get("infer_kv_blocks_total", 0) if live.cache else 0
-    return [
-        _one(
-            model,
-            GaugeMetricFamily,
-            "vllm:num_requests_waiting",
-            "Requests queued (as vLLM names it).",
-            live.waiting,
-        ),
-        _one(
-            model,
-            GaugeMetricFamily,
-            "vllm:num_requests_running",
-            "Requests running (as vLLM names it).",
-            live.running,
-        ),
-        _one(
-            model,
-            GaugeMetricFamily,
-            "vllm:kv_cache_usage_perc",
-            "Share of KV cache blocks in use, 0 to 1 (as vLLM names it).",
-            used / total if total else 0.0,
-        ),
-    ]

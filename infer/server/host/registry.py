@@ -28,13 +28,10 @@ import trio
 from infer.api.errors import APIError, ErrorCode
 from infer.catalog import ModelSpec
 from infer.engine import residency
-from infer.engine.config import DEFAULT_KV_CACHE_GB, DTYPES, EngineConfig
 from infer.engine.cores import Cores
 from infer.engine.embed import Embedder
 from infer.engine.engine import Engine
-from infer.models.errors import WrongKindError
-from infer.models.footprint import source_bytes, weight_bytes
-from infer.models.packaged import PACKAGED_FOLDERS
+from infer.models.footprint import weight_bytes
 from infer.server.config import ServerConfig
 from infer.server.host.embedding import EmbedWorker
 from infer.server.host.metrics import Metrics
@@ -79,7 +76,7 @@ class ModelSlot:
         self.retry_at = 0.0
         self.default_keep_alive_s = keep_alive_s if spec.keep_alive_s is None else spec.keep_alive_s
         self.keep_alive_s = self.default_keep_alive_s  # the latest request's, else the default
-        self.size = _estimate(spec.engine)  # bytes; measured once loaded
+        self.size = residency.estimated_size(spec.engine)  # bytes; measured once loaded
         self.users = 0  # requests being admitted to it
         self.last_used = -math.inf
         self.expires_at = math.inf
@@ -297,7 +294,7 @@ class ModelRegistry:
             log.info("loading model %s (%s)", slot.name, slot.spec.source)
             try:
                 served = await trio.to_thread.run_sync(
-                    load_served, slot.spec.engine, abandon_on_cancel=True
+                    residency.load, slot.spec.engine, abandon_on_cancel=True
                 )
             except Exception as e:  # noqa: BLE001 - this model fails; the others go on
                 log.exception("cannot load model %s", slot.spec.source)
@@ -397,31 +394,6 @@ class ModelRegistry:
             self._wake = trio.Event()
             with trio.move_on_at(residency.next_expiry(self.slots)):
                 await self._wake.wait()
-
-
-def load_served(config: EngineConfig) -> Engine | Embedder:
-    """Load ``config.model``: an engine for a generative model, an embedder for an encoder
-    (in a thread of its own: loading runs torch work).
-
-    Raises:
-        LoadError: The model cannot be loaded.
-    """
-    try:
-        return Engine.from_config(config)
-    except WrongKindError:  # found from its config, before its weights were read
-        pass
-    from infer.models.config import ModelKind
-    from infer.models.loader import load_model
-
-    where = (DTYPES[config.dtype], config.device, config.weights)
-    return Embedder(load_model(config.model, *where, kind=ModelKind.EMBED))
-
-
-def _estimate(config: EngineConfig) -> int:
-    """Bytes a model will hold, before it is first loaded: its files, and a generative
-    model's KV cache budget."""
-    kv = 0 if config.model in PACKAGED_FOLDERS else (config.kv_cache_gb or DEFAULT_KV_CACHE_GB)
-    return source_bytes(config.model, config.weights) + int(kv * _GB)
 
 
 def _settle_heap() -> None:
