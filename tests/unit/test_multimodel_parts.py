@@ -92,6 +92,46 @@ def test_the_cores_are_handed_over_by_urgency_never_shared() -> None:
     cores.release()
 
 
+def test_a_latency_bound_thread_keeps_the_cores_until_a_waiter_has_waited_enough() -> None:
+    """A completion model keeps the cores between its steps; the long answer waiting for
+    them gets them after ``max_skips`` of those steps (keep_s is long: no timing here)."""
+    cores = Cores(max_skips=3, keep_s=600)
+    log: list[str] = []
+    cores.acquire(LATENCY)
+    decode = _hold_in_thread(cores, THROUGHPUT, log, "decode")
+    _wait_until(lambda: cores.waiting == 1)
+    for step in range(3):
+        cores.release(keep=True)
+        cores.acquire(LATENCY)  # at once: kept for this thread
+        log.append(f"completion {step}")
+    cores.release(keep=True)  # the decode step has been passed over 3 times: its turn
+    decode.join(timeout=30)
+    assert log == ["completion 0", "completion 1", "completion 2", "decode"]
+    cores.acquire(LATENCY)
+    first = _hold_in_thread(cores, LATENCY, log, "first token")  # outranks a keeper
+    _wait_until(lambda: cores.waiting == 1)
+    cores.release(keep=True)
+    first.join(timeout=30)
+    assert log[-1] == "first token"
+
+
+def test_kept_cores_go_on_when_their_keeper_stops() -> None:
+    cores = Cores(keep_s=600)
+    log: list[str] = []
+    cores.acquire(LATENCY)
+    cores.release(keep=True)
+    waiter = _hold_in_thread(cores, THROUGHPUT, log, "decode")
+    _wait_until(lambda: cores.waiting == 1)
+    cores.forfeit()  # the keeper's loop ended
+    waiter.join(timeout=30)
+    quick = Cores(keep_s=0.01)  # a keeper that neither comes back nor forfeits
+    quick.acquire(LATENCY)
+    quick.release(keep=True)
+    late = _hold_in_thread(quick, THROUGHPUT, log, "late")
+    late.join(timeout=30)
+    assert log == ["decode", "late"]
+
+
 # --- which models stay loaded ------------------------------------------------------------------
 
 

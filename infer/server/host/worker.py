@@ -18,8 +18,8 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -282,7 +282,7 @@ class EngineWorker:
         outputs: list[StepOutput] = []
         calls: list[_Call[Any]] = []
         step_s = 0.0
-        with torch.inference_mode():
+        with torch.inference_mode(), self._cores_forfeited():
             while not _cancelled() and self._wait_for_work(outputs or calls):
                 wait_s = self.settle.wait_s(len(outputs), self.engine.has_prompts(), step_s)
                 exchanged = trio.from_thread.run(self._exchange, outputs, calls, wait_s)
@@ -294,21 +294,37 @@ class EngineWorker:
                 for request_id, why in aborts:
                     if (out := self.engine.abort(request_id, why)) is not None:
                         outputs.append(out)
-                with self._turn():
+                self._hold_cores()
+                try:
                     for call in calls:
                         _run(call, self.engine)
                     start = time.perf_counter()
                     outputs += self.engine.step()
                     step_s = time.perf_counter() - start
+                finally:
+                    self._release_cores()
         return outputs, calls
 
-    def _turn(self) -> AbstractContextManager[None]:
-        """The cores for one step: latency-bound while a prompt waits for its first token or
-        a code completion runs, else throughput-bound."""
-        if self.cores is None:
-            return nullcontext()
-        urgent = self.engine.has_latency_work()
-        return self.cores.turn(Urgency.LATENCY if urgent else Urgency.THROUGHPUT)
+    def _hold_cores(self) -> None:
+        """Wait for the cores: latency-bound while a prompt waits for its first token or a
+        code completion runs, else throughput-bound."""
+        if self.cores is not None:
+            urgent = self.engine.has_latency_work()
+            self.cores.acquire(Urgency.LATENCY if urgent else Urgency.THROUGHPUT)
+
+    def _release_cores(self) -> None:
+        """Keep the cores through the hop when the next step is latency-bound too."""
+        if self.cores is not None:
+            self.cores.release(keep=self.engine.has_latency_work())
+
+    @contextmanager
+    def _cores_forfeited(self) -> Iterator[None]:
+        """Kept cores go on when the loop ends (it steps no more)."""
+        try:
+            yield
+        finally:
+            if self.cores is not None:
+                self.cores.forfeit()
 
     def _wait_for_work(self, pending: list[Any]) -> bool:
         """Sleep in the event loop while there is nothing to step; False once cancelled."""
