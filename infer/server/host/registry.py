@@ -289,6 +289,7 @@ class ModelRegistry:
             try:
                 await self._make_room(slot, strict=True)
             except APIError as e:
+                log.warning("cannot load model %s now: %s", slot.name, e.message)
                 slot.end(SlotStatus.UNLOADED, e)
                 return
             log.info("loading model %s (%s)", slot.name, slot.spec.source)
