@@ -191,7 +191,7 @@ def add_config_flags(parser: argparse.ArgumentParser, cls: type, skip: Sequence[
             continue
         kind, _ = _scalar(hints[f.name])
         flag = "--" + f.name.replace("_", "-")
-        given = f.default not in (dataclasses.MISSING, ())
+        given = f.default not in (dataclasses.MISSING, (), "")
         default = f"(default: {f.default})" if given else ""
         text = " ".join(p for p in (helps.get(f.name, ""), default) if p)
         if kind is bool:
@@ -240,7 +240,8 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
     from infer.server.config import ServerConfig
 
     add_config_flags(p.add_argument_group("server"), ServerConfig, skip=("engine",))
-    add_config_flags(p.add_argument_group("engine"), EngineConfig)
+    # --model is ServerConfig.models (repeatable); one plain --model SOURCE is the engine's
+    add_config_flags(p.add_argument_group("engine"), EngineConfig, skip=("model",))
     p.add_argument(
         "--hypercorn-config",
         metavar="TOML",

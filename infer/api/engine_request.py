@@ -51,6 +51,8 @@ class EngineRequest:
         prediction: Text every choice's answer is expected to repeat (drafts).
         trace: Per-token traces (native streams).
         timeout_s: The client's time limit.
+        keep_alive: Seconds the model stays loaded once idle after this request (Ollama's
+            ``keep_alive``: 0 unloads it then, ``inf`` keeps it; ``None``: its default).
     """
 
     prompts: Sequence[Prompt]
@@ -64,3 +66,4 @@ class EngineRequest:
     prediction: str | None = None
     trace: TraceSpec | None = None
     timeout_s: float | None = None
+    keep_alive: float | None = None

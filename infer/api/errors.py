@@ -84,6 +84,13 @@ class ErrorCode(StrEnum):
         "the model has no fill-in-the-middle tokens: it does not fill in the middle",
     )
     MODEL_NOT_FOUND = "model_not_found", 422, False, "that model is not served here"
+    WRONG_MODEL_KIND = (
+        "wrong_model_kind",
+        400,
+        False,
+        "the model cannot serve this route (an embedding model generates no text)",
+    )
+    MODEL_LOAD_FAILED = "model_load_failed", 500, False, "the model failed to load"
     RATE_LIMITED = "rate_limited", 429, True, "rate limit exceeded"
     INTERNAL_ERROR = "internal_error", 500, False, "internal server error"
     QUEUE_FULL = "queue_full", 503, True, "the server is busy; retry shortly"

@@ -8,7 +8,8 @@ threads the caller set (``torch.set_num_threads``); nothing here changes them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -74,6 +75,7 @@ class Embedder:
         inputs: Sequence[EmbedInput],
         truncate: bool = False,
         dimensions: int | None = None,
+        turn: Callable[[int], AbstractContextManager[None]] | None = None,
     ) -> Embeddings:
         """Embed every input.
 
@@ -85,6 +87,8 @@ class Embedder:
                 cut shorter is only meaningful for a model trained for it (Matryoshka), and
                 no model infer serves says it is, so, as OpenAI does for such models, any
                 other value is refused rather than silently degraded.
+            turn: Held around each forward, given the request's token count (a server
+                shares the cores between models with it).
 
         Returns:
             The float32 vectors, in input order, with the token count of each input.
@@ -102,10 +106,12 @@ class Embedder:
                 f"{self.dimensions} and it was not trained to be cut shorter",
             )
         rows = self.encode(inputs, truncate)
+        counts = [len(r) for r in rows]
         vectors = torch.empty(len(rows), self.dimensions)
         for batch in self._batches(rows):
-            vectors[batch] = self._forward([rows[i] for i in batch])
-        return Embeddings(vectors, [len(r) for r in rows])
+            with turn(sum(counts)) if turn is not None else nullcontext():
+                vectors[batch] = self._forward([rows[i] for i in batch])
+        return Embeddings(vectors, counts)
 
     def encode(self, inputs: Sequence[EmbedInput], truncate: bool = False) -> list[list[int]]:
         """The token ids each input runs as, special tokens added, checked against the

@@ -14,6 +14,7 @@ import logging
 import random
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -41,7 +42,11 @@ from infer.models.base import CausalLM
 from infer.models.context import AttnCapture
 from infer.models.errors import LoadError
 from infer.models.fim import FimTokens, find_fim_tokens
+from infer.models.footprint import weight_bytes
 from infer.models.kv_cache import PagedKVCache
+
+if TYPE_CHECKING:
+    from infer.models.loader import LoadedModel
 
 log = logging.getLogger("infer.engine")
 
@@ -103,10 +108,24 @@ class Engine:
         from infer.models.loader import load_model
 
         dtype = DTYPES[config.dtype]
-        where = (dtype, config.device, config.weights)
-        loaded = load_model(config.model, *where, kind=ModelKind.GENERATE)
+        loaded = load_model(
+            config.model, dtype, config.device, config.weights, kind=ModelKind.GENERATE
+        )
+        return cls.from_loaded(config, loaded)
+
+    @classmethod
+    def from_loaded(cls, config: EngineConfig, loaded: LoadedModel) -> Engine:
+        """Build an engine on a loaded model, loading ``config.draft_model`` if it names one.
+
+        Raises:
+            LoadError: The draft model cannot be loaded, or its tokenizer differs.
+        """
+        from infer.models.config import ModelKind
+        from infer.models.loader import load_model
+
         draft = None
         if config.draft_model is not None:
+            where = (DTYPES[config.dtype], config.device, config.weights)
             drafter = load_model(config.draft_model, *where, kind=ModelKind.GENERATE)
             try:
                 DraftModel.check_tokenizer(loaded.tokenizer, drafter.tokenizer)
@@ -262,6 +281,12 @@ class Engine:
         """Whether the next step has prompt tokens to prefill (a prompt waits or is part-way)."""
         return self.scheduler.has_prompts()
 
+    def has_latency_work(self) -> bool:
+        """Whether someone waits on the next step itself: a prompt for its first token, or a
+        code completion (an editor shows it as soon as it ends) for any token."""
+        running = self.scheduler.running
+        return self.has_prompts() or any(r.params.editor is not None for r in running)
+
     @property
     def num_running(self) -> int:
         return len(self.scheduler.running)
@@ -284,6 +309,14 @@ class Engine:
             out = model(input_ids, positions, capture=AttnCapture(frozenset({layer})))
         assert out.attn is not None  # a capture was given
         return out.attn[layer][0, head].float().cpu()
+
+    @property
+    def memory_bytes(self) -> int:
+        """Bytes it holds: its weights (and its draft model's) and its KV caches."""
+        held = weight_bytes(self.model) + self.runner.cache.nbytes()
+        if self.draft_model is not None:
+            held += weight_bytes(self.draft_model.model) + self.draft_model.cache.nbytes()
+        return held
 
     def cache_stats(self) -> dict[str, int]:
         """KV cache and draft counters for ``/metrics`` (plain ints: safe to read from
@@ -342,14 +375,3 @@ def _special_tokens(tokenizer: PreTrainedTokenizerBase) -> dict[str, int]:
     """The text of each special token, and its id."""
     added = getattr(tokenizer, "added_tokens_decoder", None) or {}
     return {token.content: i for i, token in added.items() if token.special}
-
-
-def weight_bytes(model: CausalLM) -> int:
-    """Bytes of a model's weights (what a one-row step reads): its parameters and buffers,
-    and the tensors its layers hold packed for the kernels."""
-    tensors = {id(t): t for t in (*model.parameters(), *model.buffers())}
-    for module in model.modules():
-        for value in vars(module).values():
-            if isinstance(value, torch.Tensor):
-                tensors[id(value)] = value
-    return sum(t.numel() * t.element_size() for t in tensors.values())

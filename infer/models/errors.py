@@ -13,3 +13,8 @@ class LoadError(Exception):
         line = text[0] if text else type(cause).__name__
         line = line if len(line) <= 200 else line[:197] + "..."
         return cls(f"{message} ({line})")
+
+
+class WrongKindError(LoadError):
+    """The model is of another kind than asked for (an encoder where a generator was
+    wanted, or the reverse); raised before its weights are read."""

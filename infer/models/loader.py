@@ -44,7 +44,7 @@ from infer.models.config import (
     model_kind,
 )
 from infer.models.default import DEFAULT_MODEL_NAME, ensure_default_model
-from infer.models.errors import LoadError
+from infer.models.errors import LoadError, WrongKindError
 from infer.models.fim import GGUF_KEYS, FimTokens, find_fim_tokens
 from infer.models.gguf_checkpoint import GGUFCheckpoint
 from infer.models.packaged import PACKAGED_FOLDERS, PACKAGED_MODELS, assemble, extract
@@ -284,7 +284,7 @@ def _load_encoder_dir(
 
 def _check_kind(name: str, found: ModelKind, wanted: ModelKind | None) -> None:
     if wanted is not None and found is not wanted:
-        raise LoadError(f"{name} is {_CANNOT[found]}")
+        raise WrongKindError(f"{name} is {_CANNOT[found]}")
 
 
 def download_from_hub(repo_id: str) -> Path:

@@ -13,19 +13,21 @@ from collections.abc import AsyncGenerator
 from quart_trio import QuartTrio
 
 from infer import __version__
+from infer.engine.embed import Embedder
 from infer.engine.engine import Engine
 from infer.server import playground
 from infer.server.config import ServerConfig
 from infer.server.edge import access, errors, openapi
 from infer.server.edge.guard import RequestGuard
 from infer.server.host.state import ServerState
-from infer.server.routes import anthropic, infill, native, ollama, ops, responses
+from infer.server.routes import anthropic, embeddings, infill, native, ollama, ops, responses
 from infer.server.routes import openai as openai_routes
 
 # The routes, each blueprint with the dialect its errors are answered in.
 ROUTES = (
     (openai_routes.blueprint, errors.DEFAULT),
     (responses.blueprint, errors.DEFAULT),
+    (embeddings.blueprint, errors.DEFAULT),
     (native.blueprint, errors.DEFAULT),
     (infill.blueprint, infill.DIALECT),
     (ollama.blueprint, ollama.DIALECT),
@@ -35,19 +37,22 @@ ROUTES = (
 )
 
 
-def create_app(config: ServerConfig | None = None, engine: Engine | None = None) -> QuartTrio:
+def create_app(
+    config: ServerConfig | None = None, engine: Engine | Embedder | None = None
+) -> QuartTrio:
     """Build the application; an app object serves once (build a new one per server).
 
     Args:
         config: Server settings (default: from ``INFER_*`` environment variables).
-        engine: A loaded engine to serve; ``None`` loads ``config.engine`` in the background
-            once serving starts (``/health`` answers 503 until it is ready).
+        engine: The default model, loaded (an engine, or an embedder); ``None`` loads it in
+            the background once serving starts (``/health`` answers 503 until it is
+            ready). Other models of ``config`` load when a request names them.
 
     Returns:
         The app.
 
     Raises:
-        ValueError: An ``INFER_*`` variable is invalid.
+        ValueError: An ``INFER_*`` variable, a ``--model`` or the models file is invalid.
     """
     config = config if config is not None else ServerConfig.from_env()
     app = QuartTrio("infer.server")

@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from infer.catalog import ModelSpec, model_specs, parse_keep_alive
 from infer.engine.config import EngineConfig
 
 FIM_LAYOUTS = ("anchored", "psm", "spm")
@@ -50,8 +51,20 @@ class ServerConfig:
             suffix first), for ``/infill`` and ``suffix``.
         served_model_names: Names the model answers to (``--served-model-name``, repeatable;
             the first is the one responses carry and ``/v1/models`` lists first). Empty: the
-            model's own name.
-        engine: The engine's own configuration (model, batching, queue length).
+            model's own name. With several models: more names of the default one.
+        models: A model to serve, ``[NAME=]SOURCE`` (repeatable: requests pick one by its
+            ``model``; the first is the default). SOURCE is ``default`` (the embedded
+            SmolLM2-135M-Instruct), a packaged model (``qwen2.5-coder-0.5b``,
+            ``all-minilm-l6-v2``...), a Hugging Face directory, a ``.gguf`` file or a hub id.
+        models_file: A TOML file of models to serve, each with its settings (source,
+            aliases, max_seq_len, kv_cache_gb, weights, draft_model, pinned, keep_alive).
+        memory_budget_gb: Memory the loaded models may take together; loading one more
+            unloads the least recently used idle ones that are not pinned (``None``: 75% of
+            the machine's memory).
+        keep_alive: How long a model stays loaded once idle (``5m``, ``1h``, seconds; ``-1``:
+            for ever); a request's Ollama ``keep_alive`` overrides it, ``0`` unloads at once.
+        engine: The engine's own configuration (batching, queue length), every model's
+            unless its settings say otherwise.
 
     Raises:
         ValueError: A field is out of range; the message names the field.
@@ -61,6 +74,10 @@ class ServerConfig:
     port: int = 8000
     api_keys: tuple[str, ...] = ()
     served_model_names: tuple[str, ...] = ()
+    models: tuple[str, ...] = ()
+    models_file: str = ""
+    memory_budget_gb: float | None = None
+    keep_alive: str = "5m"
     cors_origins: tuple[str, ...] = ()
     max_prompt_bytes: int | None = None
     max_body_bytes: int = 262144
@@ -117,6 +134,22 @@ class ServerConfig:
             raise ValueError(f"drain_grace_s must be >= 0, got {self.drain_grace_s}")
         if self.drain_timeout_s < 0:
             raise ValueError(f"drain_timeout_s must be >= 0, got {self.drain_timeout_s}")
+        if self.memory_budget_gb is not None and not self.memory_budget_gb > 0:
+            raise ValueError(f"memory_budget_gb must be > 0, got {self.memory_budget_gb}")
+        parse_keep_alive(self.keep_alive)  # raises for what is not a duration
+
+    @property
+    def keep_alive_s(self) -> float:
+        """``keep_alive`` in seconds (``inf``: for ever)."""
+        return parse_keep_alive(self.keep_alive)
+
+    def model_specs(self) -> list[ModelSpec]:
+        """The served models, the default first (see :mod:`infer.catalog`).
+
+        Raises:
+            ValueError: A malformed ``--model`` or models file, or a name given twice.
+        """
+        return model_specs(self.models, self.models_file, self.engine, self.served_model_names)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ServerConfig:

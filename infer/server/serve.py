@@ -26,7 +26,9 @@ from hypercorn.typing import ConnectionState
 from hypercorn.utils import repr_socket_addr, wrap_app
 from quart_trio import QuartTrio
 
+from infer.engine import residency
 from infer.engine.config import EngineConfig
+from infer.engine.embed import Embedder
 from infer.engine.engine import Engine
 from infer.server.app import create_app, drain
 from infer.server.config import ServerConfig
@@ -108,16 +110,18 @@ def run(config: ServerConfig, access_log: bool = False, hypercorn_toml: str | No
         an error event first; a supervisor should restart the server).
 
     Raises:
-        LoadError: The model cannot be loaded.
+        LoadError: The default model cannot be loaded.
+        ValueError: A ``--model`` or the models file is invalid.
     """
-    log.info("loading model %s", config.engine.model)
-    engine = load_off_thread(config.engine)
+    default = config.model_specs()[0]
+    log.info("loading model %s", default.source)
+    engine = load_off_thread(default.engine)
     app = create_app(config, engine)
     return trio.run(serve_app, app, hypercorn_config(config, access_log, hypercorn_toml))
 
 
-def load_off_thread(config: EngineConfig) -> Engine:
-    """Load the engine in a short-lived thread, so that this thread never runs torch work.
+def load_off_thread(config: EngineConfig) -> Engine | Embedder:
+    """Load a model in a short-lived thread, so that this thread never runs torch work.
 
     Every thread that runs a parallel torch op owns an OpenMP team, and an idle team may
     spin. The loader's team ends with its thread; the event loop thread (this one) never
@@ -126,12 +130,12 @@ def load_off_thread(config: EngineConfig) -> Engine:
     Raises:
         LoadError: The model cannot be loaded.
     """
-    result: list[Engine] = []
+    result: list[Engine | Embedder] = []
     errors: list[BaseException] = []
 
     def load() -> None:
         try:
-            result.append(Engine.from_config(config))
+            result.append(residency.load(config))
         except BaseException as e:  # noqa: BLE001 - re-raised in the calling thread
             errors.append(e)
 

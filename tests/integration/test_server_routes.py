@@ -43,15 +43,16 @@ async def test_health_models_and_metrics(real_app) -> None:
         metrics = await client.get("/metrics")
     assert metrics.headers["content-type"].startswith("text/plain; version=0.0.4")
     text = metrics.text
+    at = f'model="{MODEL}"'  # every series is labelled with its model
     for name in (
-        "infer_requests_running 0.0",
-        "infer_requests_waiting 0.0",
-        'infer_requests_total{finish_reason="length"} 1.0',
-        "infer_client_disconnects_total 0.0",
-        "infer_generated_tokens_total 4.0",
-        "infer_time_to_first_token_seconds_count 1.0",
-        'infer_time_to_first_token_seconds_bucket{le="+Inf"} 1.0',
-        "infer_inter_token_latency_seconds_count 3.0",
+        f"infer_requests_running{{{at}}} 0.0",
+        f"infer_requests_waiting{{{at}}} 0.0",
+        f'infer_requests_total{{finish_reason="length",{at}}} 1.0',
+        f"infer_client_disconnects_total{{{at}}} 0.0",
+        f"infer_generated_tokens_total{{{at}}} 4.0",
+        f"infer_time_to_first_token_seconds_count{{{at}}} 1.0",
+        f'infer_time_to_first_token_seconds_bucket{{le="+Inf",{at}}} 1.0',
+        f"infer_inter_token_latency_seconds_count{{{at}}} 3.0",
     ):
         assert name in text.splitlines(), name
 
@@ -84,9 +85,8 @@ async def test_served_model_names_are_aliases_and_gateway_probes_answer(real_app
     assert model_info["max_context_length"] == 512
     assert server_info == also and server_info["served_model_names"] == ["smol", "default"]
     assert server_info["max_running_requests"] == 4
-    for line in ("vllm:num_requests_running 0.0", "vllm:num_requests_waiting 0.0"):
-        assert line in metrics
-    assert "vllm:kv_cache_usage_perc 0.0" in metrics
+    for name in ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc"):
+        assert f'vllm:{name}{{model="smol"}} 0.0' in metrics
 
 
 async def test_completion_and_chat_bodies(real_app, default_model) -> None:
@@ -253,7 +253,7 @@ async def test_400_and_422(real_app) -> None:
         assert_error(await client.get("/nowhere"), 404, "not_found")
         assert_error(await client.get("/v1/completions"), 405, "method_not_allowed")
         metrics = (await client.get("/metrics")).text
-    assert 'infer_requests_rejected_total{code="empty_prompt"} 4.0' in metrics
+    assert f'infer_requests_rejected_total{{code="empty_prompt",model="{MODEL}"}} 4.0' in metrics
 
 
 async def test_a_prompt_past_2048_tokens_fits_the_models_own_context(real_app, caplog) -> None:

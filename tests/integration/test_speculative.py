@@ -26,7 +26,7 @@ from infer.engine.request import StepOutput
 from infer.engine.speculative import DraftState
 from infer.models.errors import LoadError
 from infer.models.loader import LoadedModel
-from support.server import iter_sse, running_server
+from support.server import iter_sse, parse_metrics, running_server
 
 QWEN = "qwen2.5-coder-0.5b"
 SOURCE = """def area(width, height):
@@ -289,7 +289,7 @@ async def _native_trace(client: httpx.AsyncClient) -> list[dict[str, Any]]:
 
 
 def _metric(text: str, name: str) -> float:
-    for line in text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    raise AssertionError(f"{name} is not in /metrics")
+    values = parse_metrics(text)
+    if name not in values:
+        raise AssertionError(f"{name} is not in /metrics")
+    return values[name]

@@ -10,6 +10,7 @@ closed the engine thread waits at the start of its next forward, so "the queue i
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -252,18 +253,30 @@ async def read_stream(client: httpx.AsyncClient, path: str, body: dict, out: Str
     out.ended = True
 
 
-async def metrics(client: httpx.AsyncClient) -> dict[str, float]:
-    """The server's ``/metrics`` as ``{name{labels}: value}``."""
-    return parse_metrics((await client.get("/metrics")).text)
+async def metrics(client: httpx.AsyncClient, model: str | None = None) -> dict[str, float]:
+    """The server's ``/metrics`` as ``{name{labels}: value}`` (see :func:`parse_metrics`)."""
+    return parse_metrics((await client.get("/metrics")).text, model)
 
 
-def parse_metrics(text: str) -> dict[str, float]:
-    """Prometheus text exposition as ``{name{labels}: value}``."""
-    return {
-        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line and not line.startswith("#")
-    }
+_MODEL_LABEL = re.compile(r'model="((?:[^"\\]|\\.)*)",?')
+
+
+def parse_metrics(text: str, model: str | None = None) -> dict[str, float]:
+    """Prometheus text exposition as ``{name{labels}: value}``, without the ``model`` label
+    every series carries: ``model``'s series, or (``None``) every model's summed, as
+    ``sum without (model)`` would (on a server of one model, its own)."""
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        key, value = line.rsplit(" ", 1)
+        label = _MODEL_LABEL.search(key)
+        if model is not None and (label is None or label.group(1) != model):
+            continue
+        if label is not None:
+            key = (key[: label.start()] + key[label.end() :]).replace(",}", "}").replace("{}", "")
+        values[key] = values.get(key, 0.0) + float(value)
+    return values
 
 
 async def step_until(

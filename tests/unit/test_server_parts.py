@@ -10,7 +10,7 @@ from infer.engine.request import Failure, Refusal, RequestError
 from infer.server.config import ServerConfig
 from infer.server.edge import framing as sse
 from infer.server.edge.access import ApiKeys, RateLimiter
-from infer.server.host.metrics import Histogram, Metrics
+from infer.server.host.metrics import Histogram, Live, Metrics
 from support.server import parse_sse
 
 
@@ -123,9 +123,11 @@ def test_histogram_and_metrics_text() -> None:
     assert 'x_seconds_bucket{le="0.1"} 2.0' in lines
     assert 'x_seconds_bucket{le="1.0"} 3.0' in lines
     assert 'x_seconds_bucket{le="+Inf"} 4.0' in lines and "x_seconds_count 4.0" in lines
-    text = Metrics().render(running=2, waiting=5, ready=True)
-    assert "infer_requests_running 2.0\n" in text and "infer_requests_waiting 5.0\n" in text
-    assert 'infer_requests_total{finish_reason="eos"} 0.0' in text and text.endswith("\n")
+    text = Metrics().render("m", Live(running=2, waiting=5, ready=True))
+    assert 'infer_requests_running{model="m"} 2.0\n' in text
+    assert 'infer_requests_waiting{model="m"} 5.0\n' in text
+    assert 'infer_requests_total{finish_reason="eos",model="m"} 0.0' in text
+    assert text.endswith("\n")
 
 
 def test_sse_framing_round_trips() -> None:
@@ -219,7 +221,9 @@ def test_every_config_field_is_a_serve_flag() -> None:
     commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     dests = {a.dest for a in commands.choices["serve"]._actions}
     fields = {f.name for c in (ServerConfig, EngineConfig) for f in dataclasses.fields(c)}
-    assert fields - {"engine"} <= dests
+    assert fields - {"engine", "model"} <= dests  # the engine's model: one plain --model
+    models = parser.parse_args(["serve", "--model", "chat=default", "--model", "e5"])
+    assert config_values(models, ServerConfig) == {"models": ("chat=default", "e5")}
     with pytest.raises(SystemExit):
         parser.parse_args(["serve", "--dtype", "int3"])
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, NotRequired, cast
+from typing import Annotated, Any, Literal, NamedTuple, NotRequired, cast
 
 from pydantic import Field
 from typing_extensions import TypedDict
@@ -101,7 +101,8 @@ class ModelCard(TypedDict):
     object: Literal["model"]
     created: int
     owned_by: str
-    max_model_len: int | None  # None while the model loads (its context decides it)
+    max_model_len: int | None  # None until the model is loaded (its context decides it)
+    status: str  # loaded, unloaded, loading, unloading or failed
 
 
 class ModelList(TypedDict):
@@ -109,17 +110,27 @@ class ModelList(TypedDict):
     data: list[ModelCard]
 
 
-def model_list(names: Sequence[str], max_model_len: int | None) -> ModelList:
-    """`/v1/models`: the served model under each of its names."""
+class ServedModel(NamedTuple):
+    """What `/v1/models` says of one served model."""
+
+    names: Sequence[str]  # its name, then its aliases
+    max_model_len: int | None
+    status: str
+
+
+def model_list(models: Sequence[ServedModel]) -> ModelList:
+    """`/v1/models`: every served model under each of its names, loaded or not."""
     cards: list[ModelCard] = [
         {
             "id": name,
             "object": "model",
             "created": 0,
             "owned_by": "infer",
-            "max_model_len": max_model_len,
+            "max_model_len": model.max_model_len,
+            "status": model.status,
         }
-        for name in names
+        for model in models
+        for name in model.names
     ]
     return {"object": "list", "data": cards}
 

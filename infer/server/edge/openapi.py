@@ -20,7 +20,7 @@ from infer.server.edge.errors import DEFAULT, Dialect
 View = TypeVar("View", bound=Callable[..., Any])
 
 TAGS: list[Tag | dict[Any, Any]] = [
-    Tag(name="OpenAI", description="OpenAI-compatible completions, chat and Responses"),
+    Tag(name="OpenAI", description="OpenAI-compatible completions, chat, Responses, embeddings"),
     Tag(name="native", description="infer's event stream with per-token traces, and inspection"),
     Tag(name="tokens", description="What the model reads: tokenize and detokenize"),
     Tag(name="code completion", description="llama.cpp's /infill: fill in the middle"),

@@ -11,7 +11,8 @@ the metrics.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -28,9 +29,10 @@ from infer.engine.engine import Engine
 from infer.engine.params import SamplingParams
 from infer.engine.prompts import encode_prompt
 from infer.engine.request import RequestError
+from infer.server.host.registry import ModelSlot
 from infer.server.host.state import ServerState, counting_refusals
 from infer.server.host.stream import RequestStream
-from infer.server.host.worker import QueueFullError
+from infer.server.host.worker import EngineWorker, QueueFullError, WorkerStoppedError
 
 if TYPE_CHECKING:
     from infer.engine.grammar import Grammar, GrammarCompiler
@@ -42,13 +44,24 @@ _SEED_STEP = 0x9E3779B97F4A7C15  # odd: choices of one seed never collide
 
 
 def check_model(state: ServerState, model: str | None) -> None:
-    """Refuse a ``model`` other than the loaded one; ``None`` means the loaded one."""
-    if model is not None and not state.serves(model):
-        names = ", ".join(repr(n) for n in state.model_names)
-        raise APIError(
-            ErrorCode.MODEL_NOT_FOUND,
-            f"model {model!r} is not served here; this server serves {names}",
-        )
+    """Refuse a ``model`` this server does not serve; ``None`` means the default one."""
+    state.models.resolve(model)
+
+
+@asynccontextmanager
+async def generating(
+    state: ServerState, model: str | None, keep_alive_s: float | None = None
+) -> AsyncIterator[tuple[ModelSlot, Engine, EngineWorker]]:
+    """The generative model ``model`` names (``None``: the default), loaded and kept loaded
+    for the block, with its engine and worker.
+
+    Raises:
+        APIError: Not serving; not served here, cannot load, or an embedding model (400).
+    """
+    state.require_open()
+    async with state.models.use(model, keep_alive_s) as slot:
+        engine, worker = slot.generator()
+        yield slot, engine, worker
 
 
 def tool_plan(engine: Engine, choice: tools.ToolChoice | None) -> ToolPlan | None:
@@ -102,7 +115,7 @@ async def encode(
 
 
 async def encode_fills(
-    state: ServerState, engine: Engine, prompts: Sequence[Prompt]
+    state: ServerState, name: str, engine: Engine, prompts: Sequence[Prompt]
 ) -> tuple[list[list[int]], bool, list[str]]:
     """Token ids of each fill-in-the-middle prompt (one thread hop for all of them),
     whether the builder cut some piece to its limits, and the text each healed prompt
@@ -115,7 +128,7 @@ async def encode_fills(
     if fim is None:
         raise APIError(
             ErrorCode.FIM_NOT_SUPPORTED,
-            f"model {state.model_name!r} has no fill-in-the-middle tokens: it does not fill "
+            f"model {name!r} has no fill-in-the-middle tokens: it does not fill "
             "in the middle (use a code model trained for it, such as Qwen2.5-Coder)",
         )
     fills = [p.fill for p in prompts if p.fill is not None]
@@ -142,14 +155,13 @@ async def encode_fills(
     return [b.ids for b in built], any(b.truncated for b in built), [b.healing for b in built]
 
 
-async def decode(state: ServerState, ids: list[int]) -> str:
+async def decode(engine: Engine, ids: list[int]) -> str:
     """The text of ``ids`` (in a thread)."""
-    engine, _ = state.require_ready()
     return str(await trio.to_thread.run_sync(engine.tokenizer.decode, ids))
 
 
 async def compile_format(
-    state: ServerState,
+    slot: ModelSlot,
     engine: Engine,
     schema: dict[str, Any] | None,
     plan: ToolPlan | None = None,
@@ -163,8 +175,8 @@ async def compile_format(
     ``schema`` is followed from the first; either comes after a free reasoning block when
     the reply may think.
 
-    The compiler (building it reads the whole vocabulary) is made by the first structured
-    request; compiling runs in a thread.
+    The model's compiler (building it reads the whole vocabulary) is made by its first
+    structured request; compiling runs in a thread.
 
     Raises:
         APIError: ``INVALID_SCHEMA`` when a schema cannot be compiled.
@@ -173,9 +185,9 @@ async def compile_format(
         return None
     from infer.engine.grammar import GrammarError  # xgrammar takes seconds to import
 
-    if state.compiler is None:
-        state.compiler = await trio.to_thread.run_sync(_new_compiler, engine)
-    compiler = state.compiler
+    if slot.compiler is None:
+        slot.compiler = await trio.to_thread.run_sync(_new_compiler, engine)
+    compiler = slot.compiler
     try:
         if plan is not None and plan.mode == "auto":  # free until the model opens a call
             calls = {"type": "structural_tag", "format": tools.calls_format(plan)}
@@ -246,42 +258,46 @@ async def admit(
     Raises:
         APIError: The request is refused (counted in the metrics).
     """
-    with counting_refusals(state):
-        engine, worker = state.require_ready()
-        check_model(state, request.model)
-        vocab = engine.model.config.vocab_size
-        bias = request.params.logit_bias
-        if bias and max(bias) >= vocab:
-            raise APIError(ErrorCode.INVALID_VALUE, f"logit_bias: token ids must be below {vocab}")
-        plan = tool_plan(engine, request.tools)
-        truncated, healing = False, None
-        if any(p.fill is not None for p in request.prompts):
-            ids, truncated, healing = await encode_fills(state, engine, request.prompts)
-        else:
-            ids = await encode(state, engine, request.prompts, plan)
-        reasoning = _thinking(engine, request.prompts, ids)
-        grammar = await compile_format(state, engine, request.json_schema, plan, reasoning)
-        choices, params = _choices(engine, request, ids, grammar, healing)
-        prediction = await _prediction(state, engine, request.prediction)
-        state.require_ready()  # a drain or an engine failure may have begun meanwhile
-        try:
-            stream = worker.submit(
-                choices,
-                params,
-                arrival,
-                request.trace,
-                _timeout(state, request.timeout_s),
-                num_prompts=len(ids),
-                prediction=prediction,
-            )
-        except QueueFullError as e:
-            raise APIError(
-                ErrorCode.QUEUE_FULL, f"the server is busy ({e}); retry shortly"
-            ) from None
+    with counting_refusals(state, request.model):
+        async with generating(state, request.model, request.keep_alive) as (slot, engine, worker):
+            vocab = engine.model.config.vocab_size
+            bias = request.params.logit_bias
+            if bias and max(bias) >= vocab:
+                raise APIError(
+                    ErrorCode.INVALID_VALUE, f"logit_bias: token ids must be below {vocab}"
+                )
+            plan = tool_plan(engine, request.tools)
+            truncated, healing = False, None
+            if any(p.fill is not None for p in request.prompts):
+                fills = await encode_fills(state, slot.name, engine, request.prompts)
+                ids, truncated, healing = fills
+            else:
+                ids = await encode(state, engine, request.prompts, plan)
+            reasoning = _thinking(engine, request.prompts, ids)
+            grammar = await compile_format(slot, engine, request.json_schema, plan, reasoning)
+            choices, params = _choices(engine, request, ids, grammar, healing)
+            prediction = await _prediction(state, engine, request.prediction)
+            state.require_open()  # a drain or an engine failure may have begun meanwhile
+            try:
+                stream = worker.submit(
+                    choices,
+                    params,
+                    arrival,
+                    request.trace,
+                    _timeout(state, request.timeout_s),
+                    num_prompts=len(ids),
+                    prediction=prediction,
+                )
+            except QueueFullError as e:
+                raise APIError(
+                    ErrorCode.QUEUE_FULL, f"the server is busy ({e}); retry shortly"
+                ) from None
+            except WorkerStoppedError:
+                raise APIError(ErrorCode.SHUTTING_DOWN) from None
     if on_end is not None:
         on_end(stream.fail)
     stats, tokenizer = stream.stats, engine.tokenizer
-    ticket = Ticket(stream.id, stats.created, state.model_name, ids, len(choices), tokenizer, stats)
+    ticket = Ticket(stream.id, stats.created, slot.name, ids, len(choices), tokenizer, stats)
     settled = dataclasses.replace(ticket, plan=plan, thinking=reasoning, truncated=truncated)
     return Admitted(stream, settled)
 

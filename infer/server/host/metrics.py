@@ -1,8 +1,9 @@
 """Server metrics, exposed in the Prometheus text format (0.0.4) by ``prometheus-client``.
 
 Counters and histograms live on the event loop thread only (request tasks update them), so
-they need no locks. Each app has its own registry (no global state); a collector turns the
-counts into metric families when scraped, and reads the running/waiting gauges then.
+they need no locks. Each served model has its own :class:`Metrics` (no global state); a
+scrape turns the counts into metric families, every series labelled with its model, and
+reads the running/waiting gauges then.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import bisect
 import math
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
+from typing import NamedTuple
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
@@ -53,21 +55,40 @@ class Histogram:
         self.sum += value
         self.count += 1
 
-    def family(self) -> HistogramMetricFamily:
-        """The histogram as a ``prometheus-client`` metric family."""
+    def family(self, model: str | None = None) -> HistogramMetricFamily:
+        """The histogram as a ``prometheus-client`` metric family (labelled with ``model``)."""
         cumulative, buckets = 0, []
         for bound, n in zip([*self.bounds, math.inf], self.counts, strict=True):
             cumulative += n
             buckets.append(("+Inf" if bound == math.inf else repr(float(bound)), cumulative))
-        return HistogramMetricFamily(self.name, self.help_text, buckets=buckets, sum_value=self.sum)
+        if model is None:
+            return HistogramMetricFamily(
+                self.name, self.help_text, buckets=buckets, sum_value=self.sum
+            )
+        family = HistogramMetricFamily(self.name, self.help_text, labels=["model"])
+        family.add_metric([model], buckets, self.sum)
+        return family
 
     def render(self) -> list[str]:
         """The histogram's exposition lines."""
         return _expose([self.family()]).splitlines()
 
 
+class Live(NamedTuple):
+    """What a model's metrics read at a scrape: its queue, whether it runs, its KV cache."""
+
+    running: int = 0
+    waiting: int = 0
+    ready: bool = False
+    cache: Mapping[str, int] | None = None  # the engine's counters (:meth:`Engine.cache_stats`)
+
+
 class Metrics:
-    """Everything ``GET /metrics`` reports, apart from the live queue gauges."""
+    """What ``GET /metrics`` reports of one model, apart from the live gauges (:class:`Live`).
+
+    Every series is labelled with the model's name (``model="..."``); a server of several
+    models writes each family once, with a series per model (:func:`exposition`).
+    """
 
     def __init__(self) -> None:
         self.ttft = Histogram(
@@ -87,87 +108,99 @@ class Metrics:
         self.generated_tokens = 0
         self.prompt_tokens = 0  # of requests that ended
         self.cached_prompt_tokens = 0  # of those, what the prefix cache served
-        # running, waiting, ready, KV cache counters: set by each render
-        self._live: tuple[int, int, bool, Mapping[str, int] | None] = (0, 0, False, None)
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(self)
 
-    def collect(self) -> Iterator[Metric]:
-        """The registry's collector interface: this scrape's families."""
-        yield from self.families(*self._live)
+    def render(self, model: str, live: Live) -> str:
+        """The exposition text of this model alone (``text/plain; version=0.0.4``)."""
+        return exposition([(model, self, live)])
 
-    def render(
-        self, running: int, waiting: int, ready: bool, cache: Mapping[str, int] | None = None
-    ) -> str:
-        """The whole exposition text.
-
-        Args:
-            running: Requests in the engine's running batch.
-            waiting: Requests queued for the engine.
-            ready: Whether the engine loop is up.
-            cache: The engine's KV cache counters (:meth:`Engine.cache_stats`), once loaded.
-
-        Returns:
-            Text for a ``text/plain; version=0.0.4`` response.
-        """
-        self._live = (running, waiting, ready, cache)
-        return generate_latest(self.registry).decode("utf-8")
-
-    def families(
-        self, running: int, waiting: int, ready: bool, cache: Mapping[str, int] | None = None
-    ) -> list[Metric]:
+    def families(self, model: str, live: Live) -> list[Metric]:
         """Every metric as a ``prometheus-client`` family, in exposition order."""
-        finished = CounterMetricFamily(
-            "infer_requests", "Requests that ended, by finish reason.", labels=["finish_reason"]
-        )
-        for reason, n in sorted(self.finished.items()):
-            finished.add_metric([reason], n)
-        rejected = CounterMetricFamily(
-            "infer_requests_rejected",
-            "Requests refused before generating, by code.",
-            labels=["code"],
-        )
-        for code, n in sorted(self.rejected.items()):
-            rejected.add_metric([code], n)
+        cache = live.cache or dict.fromkeys(CACHE_METRICS, 0)
+        drafted, accepted = cache["infer_draft_tokens_total"], cache[_ACCEPTED]
+        used, total = cache["infer_kv_blocks_used"], cache["infer_kv_blocks_total"]
+        values = {
+            "infer_requests_running": live.running,
+            "infer_requests_waiting": live.waiting,
+            "infer_ready": int(live.ready),
+            "infer_client_disconnects": self.client_disconnects,
+            "infer_generated_tokens": self.generated_tokens,
+            "infer_prompt_tokens": self.prompt_tokens,
+            "infer_prompt_tokens_cached": self.cached_prompt_tokens,
+            "infer_stream_resumes": self.stream_resumes,
+            **cache,
+            "infer_draft_acceptance_rate": accepted / drafted if drafted else 0.0,
+            "vllm:num_requests_waiting": live.waiting,
+            "vllm:num_requests_running": live.running,
+            "vllm:kv_cache_usage_perc": used / total if total else 0.0,
+        }
+        series = {**SERIES, **CACHE_METRICS, **GATEWAY}
         return [
-            GaugeMetricFamily("infer_requests_running", "Requests being generated.", running),
-            GaugeMetricFamily("infer_requests_waiting", "Requests queued for the engine.", waiting),
-            GaugeMetricFamily(
-                "infer_ready", "1 when the model is loaded and the engine runs.", int(ready)
+            _counts(
+                model,
+                "infer_requests",
+                "Requests that ended, by finish reason.",
+                "finish_reason",
+                self.finished,
             ),
-            finished,
-            rejected,
-            CounterMetricFamily(
-                "infer_client_disconnects",
-                "Streams whose client went away before the end.",
-                self.client_disconnects,
+            _counts(
+                model,
+                "infer_requests_rejected",
+                "Requests refused before generating, by code.",
+                "code",
+                self.rejected,
             ),
-            CounterMetricFamily(
-                "infer_generated_tokens", "Tokens generated for clients.", self.generated_tokens
-            ),
-            CounterMetricFamily(
-                "infer_prompt_tokens",
-                "Prompt tokens of requests that ended.",
-                self.prompt_tokens,
-            ),
-            CounterMetricFamily(
-                "infer_prompt_tokens_cached",
-                "Prompt tokens of requests that ended that the prefix cache served.",
-                self.cached_prompt_tokens,
-            ),
-            CounterMetricFamily(
-                "infer_stream_resumes",
-                "Native streams read again by request_id (a reconnect or a takeover).",
-                self.stream_resumes,
-            ),
-            self.ttft.family(),
-            self.itl.family(),
-            *_cache_families(cache or dict.fromkeys(CACHE_METRICS, 0)),
-            *_gateway_families(running, waiting, cache),
+            *(_one(model, kind, name, text, values[name]) for name, (kind, text) in series.items()),
+            self.ttft.family(model),
+            self.itl.family(model),
         ]
 
 
-# The engine's KV cache counters: name → (type, help).
+def exposition(models: Sequence[tuple[str, Metrics, Live]]) -> str:
+    """The exposition text of every model: each family once, a series per model."""
+    merged: dict[str, Metric] = {}
+    for name, metrics, live in models:
+        for family in metrics.families(name, live):
+            if family.name in merged:
+                merged[family.name].samples += family.samples
+            else:
+                merged[family.name] = family
+    return _expose(list(merged.values()))
+
+
+def _one(model: str, kind: str, name: str, help_text: str, value: float) -> Metric:
+    """A family of one series, labelled with the model."""
+    family = (GaugeMetricFamily if kind == "gauge" else CounterMetricFamily)(
+        name, help_text, labels=["model"]
+    )
+    family.add_metric([model], value)
+    return family
+
+
+def _counts(model: str, name: str, help_text: str, label: str, counts: Counter[str]) -> Metric:
+    """A counter family with a series per value of ``label``."""
+    family = CounterMetricFamily(name, help_text, labels=["model", label])
+    for value, n in sorted(counts.items()):
+        family.add_metric([model, value], n)
+    return family
+
+
+# Each model's one-series metrics: name → (type, help); then its engine's KV cache counters.
+SERIES = {
+    "infer_requests_running": ("gauge", "Requests being generated."),
+    "infer_requests_waiting": ("gauge", "Requests queued for the engine."),
+    "infer_ready": ("gauge", "1 when the model is loaded and its engine runs."),
+    "infer_client_disconnects": ("counter", "Streams whose client went away before the end."),
+    "infer_generated_tokens": ("counter", "Tokens generated for clients."),
+    "infer_prompt_tokens": ("counter", "Prompt tokens (inputs embedded) of requests that ended."),
+    "infer_prompt_tokens_cached": (
+        "counter",
+        "Prompt tokens of requests that ended that the prefix cache served.",
+    ),
+    "infer_stream_resumes": (
+        "counter",
+        "Native streams read again by request_id (a reconnect or a takeover).",
+    ),
+}
 CACHE_METRICS = {
     "infer_kv_blocks_used": ("gauge", "KV cache blocks held by requests."),
     "infer_kv_blocks_total": ("gauge", "KV cache blocks in the pool."),
@@ -176,24 +209,22 @@ CACHE_METRICS = {
     "infer_preemptions_total": ("counter", "Requests preempted (recomputed later) for KV room."),
     "infer_draft_tokens_total": ("counter", "Draft tokens verified (speculative decoding)."),
     "infer_draft_tokens_accepted_total": ("counter", "Draft tokens the model agreed with."),
+    "infer_draft_acceptance_rate": (
+        "gauge",
+        "Share of verified draft tokens the model agreed with, 0 to 1 (0 before any).",
+    ),
 }
-
-
-def _cache_families(cache: Mapping[str, int]) -> list[Metric]:
-    drafted = cache["infer_draft_tokens_total"]
-    return [
-        *(
-            (GaugeMetricFamily if kind == "gauge" else CounterMetricFamily)(
-                name, help_text, value=cache[name]
-            )
-            for name, (kind, help_text) in CACHE_METRICS.items()
-        ),
-        GaugeMetricFamily(
-            "infer_draft_acceptance_rate",
-            "Share of verified draft tokens the model agreed with, 0 to 1 (0 before any).",
-            cache["infer_draft_tokens_accepted_total"] / drafted if drafted else 0.0,
-        ),
-    ]
+# The three gauges the Kubernetes inference gateway's model-server protocol reads (vLLM's
+# names), so llm-d or KServe can route to this server as they route to vLLM.
+GATEWAY = {
+    "vllm:num_requests_waiting": ("gauge", "Requests queued (as vLLM names it)."),
+    "vllm:num_requests_running": ("gauge", "Requests running (as vLLM names it)."),
+    "vllm:kv_cache_usage_perc": (
+        "gauge",
+        "Share of KV cache blocks in use, 0 to 1 (as vLLM names it).",
+    ),
+}
+_ACCEPTED = "infer_draft_tokens_accepted_total"
 
 
 class _Families:
@@ -210,25 +241,3 @@ def _expose(families: Sequence[Metric]) -> str:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Families(families))
     return generate_latest(registry).decode("utf-8")
-
-
-def _gateway_families(
-    running: int, waiting: int, cache: Mapping[str, int] | None
-) -> list[GaugeMetricFamily]:
-    """The three gauges the Kubernetes inference gateway's model-server protocol reads (vLLM's
-    names), so llm-d or KServe can route to this server as they route to vLLM."""
-    used = cache.get("infer_kv_blocks_used", 0) if cache else 0
-    total = cache.get("infer_kv_blocks_total", 0) if cache else 0
-    return [
-        GaugeMetricFamily(
-            "vllm:num_requests_waiting", "Requests queued (as vLLM names it).", waiting
-        ),
-        GaugeMetricFamily(
-            "vllm:num_requests_running", "Requests running (as vLLM names it).", running
-        ),
-        GaugeMetricFamily(
-            "vllm:kv_cache_usage_perc",
-            "Share of KV cache blocks in use, 0 to 1 (as vLLM names it).",
-            used / total if total else 0.0,
-        ),
-    ]

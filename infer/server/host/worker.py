@@ -18,13 +18,15 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 import torch
 import trio
 
+from infer.engine.cores import Cores, Urgency
 from infer.engine.engine import Engine
 from infer.engine.params import SamplingParams
 from infer.engine.request import Failure, StepOutput, TraceSpec
@@ -94,6 +96,8 @@ class EngineWorker:
         output_buffer: Outputs a stream holds before it starts coalescing.
         max_pending_tokens: Tokens a reader may fall behind before its stream is ended.
         settle: When to let the event loop write a step's tokens first.
+        cores: Held for each step and call: one model steps at a time (none: not shared).
+        on_idle: Called when the last open stream has been closed.
     """
 
     def __init__(
@@ -104,8 +108,12 @@ class EngineWorker:
         output_buffer: int = 64,
         max_pending_tokens: int = 1024,
         settle: SettlePolicy | None = None,
+        cores: Cores | None = None,
+        on_idle: Callable[[], None] | None = None,
     ) -> None:
         self.engine = engine
+        self.cores = cores
+        self.on_idle = on_idle
         self.metrics = metrics or Metrics()
         self.output_buffer = output_buffer
         self.max_pending_tokens = max_pending_tokens
@@ -141,6 +149,11 @@ class EngineWorker:
         request counts as running from the moment the scheduler admits it, mid-step.
         """
         return self._queued + self._in_transit + self.engine.num_waiting
+
+    @property
+    def busy(self) -> bool:
+        """Whether a stream is open: a request runs, waits, or is still being read."""
+        return bool(self._open)
 
     @property
     def running(self) -> int:
@@ -269,7 +282,7 @@ class EngineWorker:
         outputs: list[StepOutput] = []
         calls: list[_Call[Any]] = []
         step_s = 0.0
-        with torch.inference_mode():
+        with torch.inference_mode(), self._cores_forfeited():
             while not _cancelled() and self._wait_for_work(outputs or calls):
                 wait_s = self.settle.wait_s(len(outputs), self.engine.has_prompts(), step_s)
                 exchanged = trio.from_thread.run(self._exchange, outputs, calls, wait_s)
@@ -281,12 +294,37 @@ class EngineWorker:
                 for request_id, why in aborts:
                     if (out := self.engine.abort(request_id, why)) is not None:
                         outputs.append(out)
-                for call in calls:
-                    _run(call, self.engine)
-                start = time.perf_counter()
-                outputs += self.engine.step()
-                step_s = time.perf_counter() - start
+                self._hold_cores()
+                try:
+                    for call in calls:
+                        _run(call, self.engine)
+                    start = time.perf_counter()
+                    outputs += self.engine.step()
+                    step_s = time.perf_counter() - start
+                finally:
+                    self._release_cores()
         return outputs, calls
+
+    def _hold_cores(self) -> None:
+        """Wait for the cores: latency-bound while a prompt waits for its first token or a
+        code completion runs, else throughput-bound."""
+        if self.cores is not None:
+            urgent = self.engine.has_latency_work()
+            self.cores.acquire(Urgency.LATENCY if urgent else Urgency.THROUGHPUT)
+
+    def _release_cores(self) -> None:
+        """Keep the cores through the hop when the next step is latency-bound too."""
+        if self.cores is not None:
+            self.cores.release(keep=self.engine.has_latency_work())
+
+    @contextmanager
+    def _cores_forfeited(self) -> Iterator[None]:
+        """Kept cores go on when the loop ends (it steps no more)."""
+        try:
+            yield
+        finally:
+            if self.cores is not None:
+                self.cores.forfeit()
 
     def _wait_for_work(self, pending: list[Any]) -> bool:
         """Sleep in the event loop while there is nothing to step; False once cancelled."""
@@ -382,6 +420,8 @@ class EngineWorker:
         self._open.discard(stream)
         if not self._open:
             self._all_closed.set()
+            if self.on_idle is not None:
+                self.on_idle()
 
     def _stream_idle(self) -> None:
         self._busy -= 1

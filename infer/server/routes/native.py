@@ -33,7 +33,7 @@ from infer.server.edge.exchange import answer, frames, parse_body
 from infer.server.edge.framing import stream_response
 from infer.server.edge.openapi import documented
 from infer.server.host import resume
-from infer.server.host.admission import admit, check_model, decode, encode, tool_plan
+from infer.server.host.admission import admit, decode, encode, generating, tool_plan
 from infer.server.host.state import ServerState, get_state
 from infer.server.host.worker import WorkerStoppedError
 
@@ -86,7 +86,7 @@ async def _resumable(state: ServerState, body: GenerateRequest, arrival: float) 
             log_ = state.resumable.open(nursery, body.request_id, key, events)
             return stream_response(log_.read(after))
         stream.close()
-    state.metrics.stream_resumes += 1
+    state.models.metrics_for(body.model).stream_resumes += 1
     return stream_response(log_.read(after))
 
 
@@ -102,29 +102,28 @@ async def attention() -> Response:
     """
     state = get_state()
     body = await parse_body(InspectRequest)
-    engine, worker = state.require_ready()
-    check_model(state, body.model)
-    config = engine.model.config
-    for name, value, count in (
-        ("layer", body.layer, config.num_hidden_layers),
-        ("head", body.head, config.num_attention_heads),
-    ):
-        if value >= count:
+    async with generating(state, body.model) as (_, engine, worker):
+        config = engine.model.config
+        for name, value, count in (
+            ("layer", body.layer, config.num_hidden_layers),
+            ("head", body.head, config.num_attention_heads),
+        ):
+            if value >= count:
+                raise APIError(
+                    ErrorCode.INVALID_VALUE, f"{name} must be in [0, {count - 1}], got {value}"
+                )
+        [ids] = await encode(state, engine, [body.as_prompt()])
+        limit = state.config.max_inspect_tokens
+        if len(ids) > limit:
             raise APIError(
-                ErrorCode.INVALID_VALUE, f"{name} must be in [0, {count - 1}], got {value}"
+                ErrorCode.CONTEXT_LENGTH_EXCEEDED,
+                f"the prompt is {len(ids)} tokens; attention inspection takes at most {limit}",
             )
-    [ids] = await encode(state, engine, [body.as_prompt()])
-    limit = state.config.max_inspect_tokens
-    if len(ids) > limit:
-        raise APIError(
-            ErrorCode.CONTEXT_LENGTH_EXCEEDED,
-            f"the prompt is {len(ids)} tokens; attention inspection takes at most {limit}",
-        )
-    try:
-        matrix = await worker.call(lambda e: e.attention_matrix(ids, body.layer, body.head))
-    except WorkerStoppedError:
-        state.require_ready()
-        raise APIError(ErrorCode.SHUTTING_DOWN) from None
+        try:
+            matrix = await worker.call(lambda e: e.attention_matrix(ids, body.layer, body.head))
+        except WorkerStoppedError:
+            state.require_open()
+            raise APIError(ErrorCode.SHUTTING_DOWN) from None
     rows = [[round(x, DECIMALS) for x in row] for row in matrix.tolist()]
     tokens = [str(engine.tokenizer.decode([i])) for i in ids]
     return jsonify(AttentionResponse(layer=body.layer, head=body.head, tokens=tokens, attn=rows))
@@ -140,17 +139,16 @@ async def tokenize() -> Response:
     """
     body = await parse_body(TokenizeRequest)
     state = get_state()
-    engine, _ = state.require_ready()
-    check_model(state, body.model)
-    [ids] = await encode(
-        state,
-        engine,
-        [body.as_prompt()],
-        tool_plan(engine, body.tool_choice()),
-        add_generation_prompt=body.add_generation_prompt,
-        add_special_tokens=body.add_special_tokens,
-        allow_empty=True,
-    )
+    async with generating(state, body.model) as (_, engine, _):
+        [ids] = await encode(
+            state,
+            engine,
+            [body.as_prompt()],
+            tool_plan(engine, body.tool_choice()),
+            add_generation_prompt=body.add_generation_prompt,
+            add_special_tokens=body.add_special_tokens,
+            allow_empty=True,
+        )
     answer = TokenizeResponse(tokens=ids, count=len(ids), max_model_len=engine.max_seq_len)
     if body.return_token_strs:
         answer["token_strs"] = cast(list[str], engine.tokenizer.convert_ids_to_tokens(ids))
@@ -162,10 +160,8 @@ async def tokenize() -> Response:
 async def detokenize() -> Response:
     """`{prompt}`: the text of `tokens`."""
     body = await parse_body(DetokenizeRequest)
-    state = get_state()
-    engine, _ = state.require_ready()
-    check_model(state, body.model)
-    vocab = engine.model.config.vocab_size
-    if any(not 0 <= t < vocab for t in body.tokens):
-        raise APIError(ErrorCode.INVALID_VALUE, f"tokens: ids must be in [0, {vocab})")
-    return jsonify(DetokenizeResponse(prompt=await decode(state, body.tokens)))
+    async with generating(get_state(), body.model) as (_, engine, _):
+        vocab = engine.model.config.vocab_size
+        if any(not 0 <= t < vocab for t in body.tokens):
+            raise APIError(ErrorCode.INVALID_VALUE, f"tokens: ids must be in [0, {vocab})")
+        return jsonify(DetokenizeResponse(prompt=await decode(engine, body.tokens)))

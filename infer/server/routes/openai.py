@@ -13,6 +13,7 @@ from infer.api.openai.bodies import (
     ChatCompletionResponse,
     CompletionResponse,
     ModelList,
+    ServedModel,
     model_list,
 )
 from infer.api.openai.models import ChatCompletionRequest, CompletionRequest
@@ -27,9 +28,9 @@ blueprint = Blueprint("openai", __name__)
 @blueprint.get("/v1/models")
 @documented("OpenAI", response=ModelList)
 async def models() -> Response:
-    """The served model, under each of its names, with its context length."""
-    state = get_state()
-    return jsonify(model_list(state.model_names, state.max_model_len))
+    """Every served model under each of its names, with its context length and status."""
+    slots = get_state().models.slots
+    return jsonify(model_list([ServedModel(s.names, s.max_model_len, s.status) for s in slots]))
 
 
 @blueprint.post("/v1/completions")

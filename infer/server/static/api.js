@@ -134,11 +134,17 @@ function parse(block) {
 
 // Prometheus text exposition → {name: value} (labelled samples keep their labels in the name).
 export function parseMetrics(text) {
+  // Every series is labelled with its model; a server of several sums them.
   const values = {};
   for (const line of text.split("\n")) {
     if (!line || line.startsWith("#")) continue;
     const space = line.lastIndexOf(" ");
-    values[line.slice(0, space)] = Number(line.slice(space + 1));
+    const key = line
+      .slice(0, space)
+      .replace(/model="(?:[^"\\]|\\.)*",?/, "")
+      .replace(",}", "}")
+      .replace("{}", "");
+    values[key] = (values[key] ?? 0) + Number(line.slice(space + 1));
   }
   return values;
 }
