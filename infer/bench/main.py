@@ -614,13 +614,19 @@ def _version(package: str) -> str | None:
 
 
 def _cpu_name() -> str:
+    """The CPU's model name and, on x86, its family and model (a VM often names only the
+    vendor: "AMD EPYC")."""
+    fields: dict[str, str] = {}
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip(), value.strip())
     except OSError:
         pass
-    return platform.processor() or "unknown CPU"
+    name = fields.get("model name") or platform.processor() or "unknown CPU"
+    if "cpu family" in fields and "model" in fields:
+        name += f" (family {fields['cpu family']} model {fields['model']})"
+    return name
 
 
 def _git(*args: str) -> str | None:
