@@ -69,13 +69,18 @@ def sampling(temperature: float, top_p: float) -> dict[str, Any]:
 
 
 def replay(
-    url: str, keystrokes: list[Keystroke], extra: list[dict[str, str]], sampled: dict[str, Any]
+    url: str,
+    keystrokes: list[Keystroke],
+    extra: list[dict[str, str]],
+    sampled: dict[str, Any],
+    model: str = "",
 ) -> list[Completion]:
-    """Ask every keystroke's completion of the server at ``url``, one after the other."""
+    """Ask every keystroke's completion of the server at ``url``, one after the other (of
+    ``model``; "": the server's default, as llama.vim sends it)."""
     done = []
     with httpx.Client(base_url=url, timeout=600.0) as client:
         for k in keystrokes:
-            body = k.body(extra, sampled)
+            body = k.body(extra, sampled) | {"model": model}
             started = time.perf_counter()
             response = client.post("/infill", json=body)
             took = (time.perf_counter() - started) * 1000

@@ -56,7 +56,8 @@ from infer.models.config import ModelKind
 from infer.models.errors import LoadError
 from infer.models.loader import LoadedModel, load_model
 
-WORKLOADS = (*WORKLOAD_NAMES, "fim")  # fim: code completion, its own runner (infer/bench/fim.py)
+# fim (code completion) and assistant (three models at once) have runners of their own
+WORKLOADS = (*WORKLOAD_NAMES, "fim", "assistant")
 # Not being able to measure these is expected on many machines; it does not fail the run.
 OPTIONAL_SYSTEMS = frozenset(
     {"hf", "hf-batched", "llama.cpp", LLAMA_AVX2, *LLAMA_SPECULATIVE, "vllm"}
@@ -221,9 +222,11 @@ def run_bench(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)  # the servers get --num-threads
     if "fim" in args.workloads:
         _run_fim(args, systems)
-        args.workloads = [w for w in args.workloads if w != "fim"]
-        if not args.workloads:
-            return 0
+    if "assistant" in args.workloads:
+        _run_assistant(args, systems)
+    args.workloads = [w for w in args.workloads if w not in ("fim", "assistant")]
+    if not args.workloads:
+        return 0
     loaded = load_model(args.model, DTYPES[args.dtype], kind=ModelKind.GENERATE)
     workloads = build_workloads(
         loaded.tokenizer, args.workloads, args.scale, args.seed, args.concurrency, args.rate
@@ -284,11 +287,35 @@ def _run_fim(args: argparse.Namespace, systems: list[str]) -> None:
     )
     meta = _meta(args, args.model)
     report["meta"] = {k: meta[k] for k in ("date", "host", "cpu", "scale") if k in meta}
+    _write_side_report(
+        args, report, f"{report_stem(meta)}-fim-{_safe(args.model)}", fim.table(report)
+    )
+
+
+def _run_assistant(args: argparse.Namespace, systems: list[str]) -> None:
+    """The three-model load on infer and on llama.cpp's three processes; its report beside
+    the others (``<date>-<host>-assistant.json`` and ``.md``)."""
+    from infer.bench import assistant
+
+    chosen = ["infer" if s.startswith("infer") else s for s in systems if s in _ASSISTANT]
+    chosen = list(dict.fromkeys(chosen)) if args.systems else ["infer", "llama.cpp"]
+    threads = args.threads or torch.get_num_threads()
+    report = assistant.run(chosen, args.scale, args.seed, threads)
+    meta = _meta(args, "assistant")
+    report["meta"] = {k: meta[k] for k in ("date", "host", "cpu", "scale") if k in meta}
+    _write_side_report(args, report, f"{report_stem(meta)}-assistant", assistant.table(report))
+
+
+_ASSISTANT = ("infer-continuous", "infer-nospec", "llama.cpp")
+
+
+def _write_side_report(
+    args: argparse.Namespace, report: dict[str, Any], stem: str, text: str
+) -> None:
     out = args.out if args.out is not None else default_results_dir()
     out.mkdir(parents=True, exist_ok=True)
-    stem = f"{report_stem(meta)}-fim-{_safe(args.model)}"
     (out / f"{stem}.json").write_text(json.dumps(report, indent=1))
-    text = f"{fim.table(report)}\n\nCPU: {meta.get('cpu')}\n"
+    text = f"{text}\n\nCPU: {report['meta'].get('cpu')}\n"
     (out / f"{stem}.md").write_text(text)
     print(text)
 
