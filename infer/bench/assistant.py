@@ -40,7 +40,7 @@ COMPLETE, CHAT, EMBED = "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b", "all-minilm-
 FUNCTIONS = {"full": 6, "quick": 2, "smoke": 1}
 SMOKE_REQUESTS = 4
 CHAT_TOKENS = 128
-EMBED_BATCH, EMBED_CHARS = 32, 700  # chunks of about 200 MiniLM tokens (its limit is 256)
+EMBED_BATCH, EMBED_TOKENS = 32, 256  # as an indexer batches them (MiniLM's limit: 256)
 EMBED_PAUSE_S = 1.0  # between batches: an indexer's pace, not a flood
 QUESTIONS = (
     "Explain what a Python generator is, with a short example.",
@@ -52,12 +52,28 @@ QUESTIONS = (
 )
 
 
-def chunks(count: int = EMBED_BATCH) -> list[str]:
-    """Pieces of Python's own sources, as an indexer would cut a codebase."""
+def chunks(count: int = EMBED_BATCH, tokens: int = EMBED_TOKENS) -> list[str]:
+    """Pieces of Python's own sources of about ``tokens`` MiniLM tokens each (its special
+    tokens included), as an indexer would cut a codebase."""
     import textwrap
 
-    text = Path(textwrap.__file__).read_text()
-    return [text[i * EMBED_CHARS : (i + 1) * EMBED_CHARS] for i in range(count)]
+    from transformers import AutoTokenizer
+
+    from infer.models.packaged import extract
+
+    tokenizer = AutoTokenizer.from_pretrained(extract(EMBED))
+    text, start, pieces = Path(textwrap.__file__).read_text(), 0, []
+    while len(pieces) < count:
+        low, high = start, min(len(text), start + 8 * tokens)
+        while low < high:  # the longest piece from `start` that fits
+            mid = (low + high + 1) // 2
+            if len(tokenizer(text[start:mid])["input_ids"]) <= tokens:
+                low = mid
+            else:
+                high = mid - 1
+        pieces.append(text[start:low])
+        start = low if low < len(text) else 0
+    return pieces
 
 
 class Background:
