@@ -204,7 +204,7 @@ def details(card: ModelCard) -> OllamaModelDetails:
         "format": card.file_format,
         "family": card.family,
         "families": [card.family],
-        "parameter_size": human_number(card.parameter_count()),
+        "parameter_size": human_number(count) if (count := card.parameter_count()) else "",
         "quantization_level": card.quantization,
     }
 

@@ -11,8 +11,7 @@ Copilot Chat offers a model for tools by ``capabilities`` and reads ``model_info
 - ``size`` is the bytes of the weights as the server holds them;
 - ``digest`` is the GGUF file's sha256 for a packaged model, else the sha256 of its source
   (what ``--model`` named; no file is hashed at request time);
-- ``parameter_size`` is counted from the model's configuration (an embedding model's from
-  its weights);
+- ``parameter_size`` is counted from the model's configuration;
 - ``modified_at`` is when the model was loaded;
 - ``template`` is the model's own chat template (Jinja, as infer renders it), and, for a
   model with fill-in-the-middle tokens, the fill in Ollama's template syntax around it.
@@ -42,6 +41,7 @@ if TYPE_CHECKING:
     from infer.engine.config import EngineConfig
     from infer.engine.embed import Embedder
     from infer.engine.engine import Engine
+    from infer.models.bert import BertConfig
 
 # A GGUF file's quantization, as its name says it (Qwen2.5-Coder-0.5B-Instruct-Q4_K_M.gguf)
 QUANTIZATION = re.compile(r"[-._]((?:I?Q\d\w*)|BF16|F16|F32)\.gguf$", re.IGNORECASE)
@@ -67,8 +67,8 @@ class ModelCard:
         stops: The text of the tokens that end its replies.
         layout: How a fill's prompt is laid out (the server's choice).
         embeds: An embedding model (it generates no text).
-        parameter_total: Its parameters, counted from its weights (``None``: from
-            ``config``).
+        parameter_total: Its parameters, when not counted from ``config`` as a decoder's
+            (an encoder's).
         expires_at: Unix time its keep-alive ends (``inf``: never).
     """
 
@@ -115,7 +115,7 @@ class ModelCard:
         cls, embedder: Embedder, names: tuple[str, ...], config: EngineConfig, size: int
     ) -> ModelCard:
         """The card of the embedding model ``embedder`` runs, loaded as ``config`` says and
-        holding ``size`` bytes."""
+        holding ``size`` bytes (its parameters counted from its configuration)."""
         hf, heads = embedder.loaded.config, embedder.loaded.config.num_attention_heads
         shape = ModelConfig(
             architecture="bert",  # Ollama's family of a BERT encoder (the only kind served)
@@ -139,7 +139,7 @@ class ModelCard:
             fim=None,
             stops=(),
             embeds=True,
-            parameter_total=sum(p.numel() for p in embedder.loaded.model.parameters()),
+            parameter_total=_encoder_parameters(hf),
         )
 
     @classmethod
@@ -245,6 +245,14 @@ class ModelCard:
             f"{family}.attention.head_count_kv": c.num_key_value_heads,
             f"{family}.vocab_size": c.vocab_size,
         }
+
+
+def _encoder_parameters(c: BertConfig) -> int:
+    """A BERT encoder's parameters (its embeddings, layers and norms; no pooler)."""
+    h, i = c.hidden_size, c.intermediate_size
+    embeddings = (c.vocab_size + c.max_position_embeddings + c.type_vocab_size) * h + 2 * h
+    layer = 4 * (h * h + h) + 2 * (h * i) + i + h + 4 * h
+    return embeddings + c.num_hidden_layers * layer
 
 
 class _Source(TypedDict):

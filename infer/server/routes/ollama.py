@@ -33,7 +33,7 @@ blueprint = Blueprint("ollama", __name__)
 DIALECT = Dialect(error_body=b.error_body, error_type=b.OllamaError)
 in_docs = partial(documented, "Ollama", dialect=DIALECT)
 named = partial(in_docs, statuses=(404,))  # a route that names a model: 404 for another
-_CARDS: WeakKeyDictionary[ModelSlot, ModelCard] = WeakKeyDictionary()  # the last of each
+_CARDS: WeakKeyDictionary[ModelSlot, ModelCard] = WeakKeyDictionary()  # each one's, once loaded
 
 
 def _slot(model: str) -> ModelSlot:
@@ -53,7 +53,7 @@ def _card(slot: ModelSlot) -> ModelCard:
             slot.embedder.embedder, slot.names, slot.spec.engine, slot.size
         )
     else:
-        card = _CARDS.get(slot) or ModelCard.unloaded(slot.names, slot.spec.engine, slot.size)
+        return _CARDS.get(slot) or ModelCard.unloaded(slot.names, slot.spec.engine, slot.size)
     _CARDS[slot] = card
     return card
 
