@@ -10,7 +10,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Any, Literal, NotRequired
+from typing import TYPE_CHECKING, Any, Literal, NotRequired
 
 from typing_extensions import TypedDict
 
@@ -18,6 +18,9 @@ from infer.api.errors import APIError, ErrorCode
 from infer.api.ollama.card import ModelCard, human_number
 from infer.api.writer import Timing
 from infer.engine.request import Failure, FinishReason, Outcome
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 # The Ollama release whose API these routes follow (its api/types.go); clients compare it
 # with the release a feature needs (Copilot Chat asks for 0.6.4 or later).
@@ -277,18 +280,21 @@ def durations(timing: Timing, now: float, prompt: int, generated: int) -> dict[s
     }
 
 
-def embedded(
-    model: str, vectors: list[list[float]], tokens: int, spent: float
-) -> OllamaEmbedResponse:
+def embedded(model: str, vectors: Tensor, tokens: int, spent: float) -> OllamaEmbedResponse:
     """``/api/embed``'s answer: ``spent`` seconds from the request's arrival (a load on
     demand included)."""
     return {
         "model": model,
-        "embeddings": vectors,
+        "embeddings": vectors.tolist(),
         "total_duration": _ns(spent),
         "load_duration": 0,
         "prompt_eval_count": tokens,
     }
+
+
+def embedding(vectors: Tensor) -> OllamaEmbeddingResponse:
+    """``/api/embeddings``' answer: the one vector (none for no prompt)."""
+    return {"embedding": vectors[0].tolist() if len(vectors) else []}
 
 
 def _ns(seconds: float) -> int:

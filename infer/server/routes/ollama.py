@@ -88,8 +88,8 @@ async def _reply(model: type[m.ReplyFields], writer: Callable[..., Writer], chat
 async def _embed(body: m.Embeddable, truncate: bool, dimensions: int | None = None) -> Embedded:
     with b.refusing(body.model, "embeddings"):
         name, keep_alive = _slot(body.model).name, body.keep_alive_s()
-        state, inputs = get_state(), body.inputs()
-        return await embed_inputs(state, name, inputs, truncate, dimensions, keep_alive, True)
+        inputs = body.inputs()
+        return await embed_inputs(get_state(), name, inputs, truncate, dimensions, keep_alive, True)
 
 
 @blueprint.get("/api/version")
@@ -147,7 +147,7 @@ async def embed() -> Response:
     body = await parse_body(m.OllamaEmbedRequest)
     done = (await _embed(body, body.truncate, body.dimensions)).embeddings
     spent = trio.current_time() - arrival
-    return jsonify(b.embedded(body.model, done.vectors.tolist(), done.total_tokens, spent))
+    return jsonify(b.embedded(body.model, done.vectors, done.total_tokens, spent))
 
 
 @blueprint.post("/api/embeddings")
@@ -155,8 +155,7 @@ async def embed() -> Response:
 async def embeddings() -> Response:
     """The vector of `prompt` (Ollama's older route), as `/api/embed`."""
     body = await parse_body(m.OllamaEmbeddingsRequest)
-    vectors = (await _embed(body, truncate=True)).embeddings.vectors.tolist()
-    return jsonify(b.OllamaEmbeddingResponse(embedding=vectors[0] if vectors else []))
+    return jsonify(b.embedding((await _embed(body, truncate=True)).embeddings.vectors))
 
 
 @blueprint.route("/api/<any(pull, push, create, copy, delete):action>", methods=["POST", "DELETE"])
