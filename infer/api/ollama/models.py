@@ -138,14 +138,14 @@ class OllamaOptions(OllamaBody):
         """One reply to ``prompt`` sampled as these options say.
 
         Raises:
-            APIError: ``num_ctx`` is more than this server's context.
+            APIError: ``num_ctx`` is more than the model's context here.
         """
         if self.num_ctx is not None and self.num_ctx > card.context_length:
             raise APIError(
                 ErrorCode.CONTEXT_LENGTH_EXCEEDED,
-                f"options.num_ctx: {self.num_ctx} tokens is more than this server's context, "
-                f"{card.context_length} tokens; it is set when the server starts "
-                "(--max-seq-len), not per request",
+                f"options.num_ctx: {self.num_ctx} tokens is more than the context of "
+                f"{card.name!r} here, {card.context_length} tokens; it is set when the server "
+                "starts (--max-seq-len, or the model's max_seq_len), not per request",
             )
         params = SamplingParams(
             temperature=self.temperature,
@@ -293,7 +293,7 @@ REFUSED = {
     "template": "template is not supported: the model's own chat template renders prompts",
     "context": "context is not supported (Ollama deprecates it): send the conversation to "
     "/api/chat",
-    "images": "images are not supported: this server serves a text-only model",
+    "images": "images are not supported: the models served here read text only",
 }
 
 

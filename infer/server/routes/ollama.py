@@ -70,6 +70,7 @@ async def _reply(model: type[m.ReplyFields], writer: Callable[..., Writer], chat
     body = await parse_body(model)
     state, slot = get_state(), _slot(body.model)
     if body.loads_only() and body.unloads():
+        state.require_open()
         await state.models.unload(slot.name)
         return jsonify(b.loaded(body.model, True, chat))
     with (
