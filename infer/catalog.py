@@ -38,8 +38,17 @@ from infer.engine.config import EngineConfig
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]*")
 _MODEL_KEYS = ("source", "aliases", "pinned", "keep_alive")
 _ENGINE_KEYS = tuple(f.name for f in dataclasses.fields(EngineConfig) if f.name != "model")
-_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+_UNITS = {
+    "ns": 1e-9,
+    "us": 1e-6,
+    "µs": 1e-6,
+    "μs": 1e-6,
+    "ms": 1e-3,
+    "s": 1.0,
+    "m": 60.0,
+    "h": 3600.0,
+}
+_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
 
 
 @dataclass(frozen=True)

@@ -74,6 +74,8 @@ class Ticket:
         plan: The tools a chat prompt offers, in the served template's format.
         thinking: Whether a chat reply starts with (or may open) a reasoning block.
         truncated: A fill's code was cut to the builder's limits.
+        context: The most tokens one request may hold on the model that answers (0: not
+            said).
     """
 
     id: str
@@ -86,6 +88,7 @@ class Ticket:
     plan: ToolPlan | None = None
     thinking: Thinking | None = None
     truncated: bool = False
+    context: int = 0
 
 
 class Writer(ABC):

@@ -8,6 +8,7 @@ threads the caller set (``torch.set_num_threads``); nothing here changes them.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
@@ -55,6 +56,7 @@ class Embedder:
             raise ValueError(f"token_budget {token_budget} cannot hold one longest input")
         self.loaded = loaded
         self.token_budget = token_budget
+        self.loaded_at = time.time()  # wall-clock time its model was ready to embed
         self.prefix, self.suffix = _special_tokens(loaded)
 
     @property

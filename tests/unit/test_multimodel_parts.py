@@ -181,7 +181,16 @@ def test_keep_alive_unloads_idle_models_on_a_fake_clock() -> None:
 
 @pytest.mark.parametrize(
     ("given", "seconds"),
-    [("5m", 300), ("1h30m", 5400), ("500ms", 0.5), ("0", 0), (0, 0), (90, 90), ("-1", math.inf)],
+    [
+        ("5m", 300),
+        ("1h30m", 5400),
+        ("500ms", 0.5),
+        ("2μs", 2e-6),  # Go takes either micro sign
+        ("0", 0),
+        (0, 0),
+        (90, 90),
+        ("-1", math.inf),
+    ],
 )
 def test_keep_alive_takes_ollamas_durations(given: str | int, seconds: float) -> None:
     assert parse_keep_alive(given) == seconds

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 from typing import Any
 
@@ -18,17 +19,20 @@ from infer.api.ollama.card import ModelCard, human_number
 from infer.api.ollama.models import (
     UNLIMITED,
     OllamaChatRequest,
+    OllamaEmbeddingsRequest,
     OllamaEmbedRequest,
     OllamaGenerateRequest,
     OllamaShowRequest,
     fim_request,
     model_names,
     seconds,
+    served_name,
 )
 from infer.api.ollama.writer import OllamaWriter
 from infer.api.tools import ToolPlan, tool_format
 from infer.api.usage import Counts
 from infer.api.writer import Ticket
+from infer.engine.config import EngineConfig
 from infer.engine.request import Failure, FinishReason, StepOutput
 from infer.models.config import ModelConfig
 
@@ -346,3 +350,53 @@ def _tool() -> Any:
     from infer.api.tools import Tool
 
     return Tool("f", None, {"type": "object", "properties": {"a": {"type": "integer"}}})
+
+
+def test_a_reply_names_the_model_of_its_card_and_its_keep_alive_in_seconds() -> None:
+    body = OllamaGenerateRequest(model="coder:latest", prompt="p", keep_alive="1h30m")
+    request = body.engine_request(CARD)
+    assert request.model == "coder" and request.keep_alive == 5400  # the served name
+    assert OllamaChatRequest(model="m", keep_alive=-1).keep_alive_s() == math.inf
+    assert OllamaChatRequest(model="m").engine_request(CARD).keep_alive is None
+    assert OllamaEmbedRequest(model="m", keep_alive="250ms").keep_alive_s() == 0.25
+    with pytest.raises(ValidationError, match="not a duration"):
+        OllamaEmbedRequest.model_validate({"model": "m", "keep_alive": "soon"})
+    served = {"coder", "qwen2.5-coder-0.5b"}.__contains__
+    assert served_name("coder:latest", served) == "coder"
+    assert served_name("qwen2.5-coder:0.5b", served) == "qwen2.5-coder-0.5b"
+    assert served_name("llama3", served) is None
+    assert OllamaEmbedRequest(model="m", input="a").inputs() == ["a"]
+    assert OllamaEmbedRequest(model="m", input="").inputs() == []  # Ollama's: only loads
+    assert OllamaEmbeddingsRequest(model="m").inputs() == []
+
+
+def test_every_model_is_listed_and_the_loaded_ones_say_when_they_expire() -> None:
+    engine = EngineConfig(model="qwen2.5-coder-0.5b")
+    unloaded = ModelCard.unloaded(("later",), engine, 400_000_000)
+    assert unloaded.family == "" and unloaded.parameter_count() == 0
+    assert unloaded.quantization == "Q4_K_M" and unloaded.file_format == "gguf"
+    embedder = dataclasses.replace(CARD, names=("vectors",), embeds=True, parameter_total=22)
+    assert embedder.capabilities() == ["embedding"]
+    listed = bodies.model_list(CARD, unloaded, embedder)["models"]
+    assert [m["name"] for m in listed] == ["coder", "coder-alias", "later", "vectors"]
+    assert listed[2]["details"]["parameter_size"] == "" and listed[2]["size"] == 400_000_000
+    assert listed[3]["details"]["parameter_size"] == "22"
+    soon = dataclasses.replace(embedder, expires_at=0.0)
+    running = bodies.running(CARD, soon)["models"]
+    assert [m["expires_at"] for m in running] == [bodies.FOREVER] * 2 + [
+        "1970-01-01T00:00:00.000000Z"
+    ]
+    assert bodies.show(unloaded)["model_info"] == {"general.basename": "later"}
+
+
+def test_the_other_kind_of_model_is_refused_in_ollamas_words() -> None:
+    wrong = APIError(ErrorCode.WRONG_MODEL_KIND, "model 'x' is an embedding model")
+    for what, words in (("generate", "an embedding model"), ("embeddings", "generates text")):
+        with pytest.raises(APIError) as refused, bodies.refusing("x:latest", what):  # type: ignore[arg-type]
+            raise wrong
+        assert refused.value.status == 400
+        assert refused.value.message.startswith(f"'x:latest' does not support {what}: it is")
+        assert words in refused.value.message
+    with pytest.raises(APIError) as other, bodies.refusing("x", "chat"):
+        raise APIError(ErrorCode.QUEUE_FULL)
+    assert other.value.code is ErrorCode.QUEUE_FULL

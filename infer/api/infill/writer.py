@@ -32,18 +32,15 @@ class InfillWriter(Writer):
 
     Args:
         body: The request.
-        ticket: What admission settled.
-        n_ctx: The most tokens a request may hold.
+        ticket: What admission settled (``n_ctx`` is its model's context).
         clock: The clock of the ticket's timings.
     """
 
-    def __init__(
-        self, body: InfillRequest, ticket: Ticket, n_ctx: int, clock: Callable[[], float]
-    ) -> None:
+    def __init__(self, body: InfillRequest, ticket: Ticket, clock: Callable[[], float]) -> None:
         super().__init__(body.stream)
         self.request = body
         self.ticket = ticket
-        self.n_ctx = n_ctx
+        self.n_ctx = ticket.context
         self.clock = clock
         self.completions = [_Completion() for _ in range(ticket.choices)]
 

@@ -5,9 +5,12 @@ counts and durations (nanoseconds), the embedding answers, and ``{"error": "..."
 
 from __future__ import annotations
 
+import math
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Any, Literal, NotRequired
+from typing import TYPE_CHECKING, Any, Literal, NotRequired
 
 from typing_extensions import TypedDict
 
@@ -15,6 +18,9 @@ from infer.api.errors import APIError, ErrorCode
 from infer.api.ollama.card import ModelCard, human_number
 from infer.api.writer import Timing
 from infer.engine.request import Failure, FinishReason, Outcome
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 # The Ollama release whose API these routes follow (its api/types.go); clients compare it
 # with the release a feature needs (Copilot Chat asks for 0.6.4 or later).
@@ -54,7 +60,7 @@ class OllamaListedModel(TypedDict):
 
 
 class OllamaListResponse(TypedDict):
-    """`GET /api/tags`: the served model under each of its names."""
+    """`GET /api/tags`: every served model under each of its names, loaded or not."""
 
     models: list[OllamaListedModel]
 
@@ -66,7 +72,7 @@ class OllamaRunningModel(OllamaListedModel):
 
 
 class OllamaProcessResponse(TypedDict):
-    """`GET /api/ps`: the loaded models (the served one, loaded for the server's life)."""
+    """`GET /api/ps`: the loaded models, and when each one's keep-alive ends."""
 
     models: list[OllamaRunningModel]
 
@@ -136,7 +142,7 @@ class OllamaChatResponse(TypedDict):
 
 
 class OllamaEmbedResponse(TypedDict):
-    """`POST /api/embed` (once a model that embeds is served)."""
+    """`POST /api/embed`: a vector per input, in order (durations in nanoseconds)."""
 
     model: str
     embeddings: list[list[float]]
@@ -146,7 +152,7 @@ class OllamaEmbedResponse(TypedDict):
 
 
 class OllamaEmbeddingResponse(TypedDict):
-    """`POST /api/embeddings` (once a model that embeds is served)."""
+    """`POST /api/embeddings`: the vector of `prompt` (none for no prompt)."""
 
     embedding: list[float]
 
@@ -162,21 +168,27 @@ def not_found(model: str) -> APIError:
     return APIError(ErrorCode.NOT_FOUND, f"model '{model}' not found")
 
 
-def cannot_embed(card: ModelCard, model: str) -> APIError:
-    """Embeddings of a model that generates text."""
-    return APIError(
-        ErrorCode.INVALID_REQUEST,
-        f"{model!r} does not support embeddings: this server serves {card.name!r}, a model "
-        "that generates text",
-    )
+@contextmanager
+def refusing(model: str, what: Literal["generate", "chat", "embeddings"]) -> Iterator[None]:
+    """Say a refusal of the other kind of model (an embedding model asked for text, or one
+    that generates text asked for embeddings) as Ollama does, naming its route."""
+    try:
+        yield
+    except APIError as e:
+        if e.code is not ErrorCode.WRONG_MODEL_KIND:
+            raise
+        kind = "a model that generates text" if what == "embeddings" else "an embedding model"
+        route = "/api/generate or /api/chat" if what == "embeddings" else "/api/embed"
+        message = f"{model!r} does not support {what}: it is {kind} (use {route})"
+        raise APIError(e.code, message) from None
 
 
 def cannot_manage(action: str) -> APIError:
     """``pull``, ``push``, ``create``, ``copy``, ``delete``: not here."""
     return APIError(
         ErrorCode.INVALID_REQUEST,
-        f"this server does not {action} models: it serves the model it was started with "
-        "(infer serve --model)",
+        f"this server does not {action} models: it serves the models it was started with "
+        "(infer serve --model, --models-file)",
     )
 
 
@@ -195,13 +207,13 @@ def details(card: ModelCard) -> OllamaModelDetails:
         "format": card.file_format,
         "family": card.family,
         "families": [card.family],
-        "parameter_size": human_number(card.parameter_count()),
+        "parameter_size": human_number(count) if (count := card.parameter_count()) else "",
         "quantization_level": card.quantization,
     }
 
 
 def listed(card: ModelCard) -> list[OllamaListedModel]:
-    """The model under each of its names."""
+    """A model under each of its names."""
     about = {"modified_at": timestamp(card.loaded_at), "size": card.size, "digest": card.digest}
     return [
         {"name": name, "model": name, **about, "details": details(card)}  # type: ignore[typeddict-item]
@@ -209,13 +221,18 @@ def listed(card: ModelCard) -> list[OllamaListedModel]:
     ]
 
 
-def model_list(card: ModelCard) -> OllamaListResponse:
-    return {"models": listed(card)}
+def model_list(*cards: ModelCard) -> OllamaListResponse:
+    return {"models": [model for card in cards for model in listed(card)]}
 
 
-def running(card: ModelCard) -> OllamaProcessResponse:
-    extra = {"expires_at": FOREVER, "size_vram": 0, "context_length": card.context_length}
-    return {"models": [{**model, **extra} for model in listed(card)]}  # type: ignore[typeddict-item]
+def running(*cards: ModelCard) -> OllamaProcessResponse:
+    """The loaded models, each under each of its names."""
+    models = []
+    for card in cards:
+        expires = timestamp(card.expires_at) if math.isfinite(card.expires_at) else FOREVER
+        extra = {"expires_at": expires, "size_vram": 0, "context_length": card.context_length}
+        models += [{**model, **extra} for model in listed(card)]
+    return {"models": models}  # type: ignore[typeddict-item]
 
 
 def show(card: ModelCard) -> OllamaShowResponse:
@@ -232,8 +249,7 @@ def show(card: ModelCard) -> OllamaShowResponse:
 
 def loaded(model: str, unload: bool, chat: bool) -> dict[str, Any]:
     """The answer to a request with nothing to generate (an empty prompt or conversation):
-    Ollama loads (or, with ``keep_alive: 0``, unloads) the model and says so. Here it is
-    loaded for the server's life."""
+    Ollama loads (or, with ``keep_alive: 0``, unloads) the model and says so."""
     body: dict[str, Any] = {"model": model, "created_at": timestamp(time.time())}
     if chat:
         body["message"] = {"role": "assistant", "content": ""}
@@ -251,8 +267,8 @@ def done_reason(outcome: Outcome) -> DoneReason | None:
 
 
 def durations(timing: Timing, now: float, prompt: int, generated: int) -> dict[str, int]:
-    """The counts and the durations (nanoseconds) of the last line. Nothing is loaded per
-    request; reading the prompt counts from the request's arrival (its wait included)."""
+    """The counts and the durations (nanoseconds) of the last line. Reading the prompt
+    counts from the request's arrival (its wait, and a load on demand, included)."""
     first = timing.first_token_at if timing.first_token_at is not None else now
     return {
         "total_duration": _ns(now - timing.arrival),
@@ -262,6 +278,23 @@ def durations(timing: Timing, now: float, prompt: int, generated: int) -> dict[s
         "eval_count": generated,
         "eval_duration": _ns(now - first),
     }
+
+
+def embedded(model: str, vectors: Tensor, tokens: int, spent: float) -> OllamaEmbedResponse:
+    """``/api/embed``'s answer: ``spent`` seconds from the request's arrival (a load on
+    demand included)."""
+    return {
+        "model": model,
+        "embeddings": vectors.tolist(),
+        "total_duration": _ns(spent),
+        "load_duration": 0,
+        "prompt_eval_count": tokens,
+    }
+
+
+def embedding(vectors: Tensor) -> OllamaEmbeddingResponse:
+    """``/api/embeddings``' answer: the one vector (none for no prompt)."""
+    return {"embedding": vectors[0].tolist() if len(vectors) else []}
 
 
 def _ns(seconds: float) -> int:

@@ -1,4 +1,4 @@
-"""What Ollama's clients are told of the served model (:class:`ModelCard`): its names, size,
+"""What Ollama's clients are told of a served model (:class:`ModelCard`): its names, size,
 family, context length, what it can do, and its prompt as a template.
 
 Clients decide from it what to ask: Continue fills in the middle only when ``template``
@@ -9,21 +9,27 @@ Copilot Chat offers a model for tools by ``capabilities`` and reads ``model_info
 - ``context_length`` is what one request may hold here (``--max-seq-len``), not the length
   the model was trained for;
 - ``size`` is the bytes of the weights as the server holds them;
-- ``digest`` is the GGUF file's sha256 for a packaged model, else the sha256 of the model's
-  name (no file is hashed at request time);
+- ``digest`` is the GGUF file's sha256 for a packaged model, else the sha256 of its source
+  (what ``--model`` named; no file is hashed at request time);
 - ``parameter_size`` is counted from the model's configuration;
 - ``modified_at`` is when the model was loaded;
 - ``template`` is the model's own chat template (Jinja, as infer renders it), and, for a
   model with fill-in-the-middle tokens, the fill in Ollama's template syntax around it.
+
+A model not loaded yet is known by its names, its source and the size it is estimated to
+take (:meth:`ModelCard.unloaded`); once loaded, by its engine (:meth:`ModelCard.of`) or its
+embedder (:meth:`ModelCard.of_embedder`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
+import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict
 
 from infer.api.fim import Layout
 from infer.api.reasoning import CLOSE
@@ -32,7 +38,10 @@ from infer.models.config import ModelConfig
 from infer.models.packaged import PACKAGED_MODELS
 
 if TYPE_CHECKING:
+    from infer.engine.config import EngineConfig
+    from infer.engine.embed import Embedder
     from infer.engine.engine import Engine
+    from infer.models.bert import BertConfig
 
 # A GGUF file's quantization, as its name says it (Qwen2.5-Coder-0.5B-Instruct-Q4_K_M.gguf)
 QUANTIZATION = re.compile(r"[-._]((?:I?Q\d\w*)|BF16|F16|F32)\.gguf$", re.IGNORECASE)
@@ -42,11 +51,11 @@ PARAMETER_WIDTH = 30  # `ollama show` pads each parameter's name to this
 
 @dataclass(frozen=True)
 class ModelCard:
-    """The served model, as Ollama's list, show and ps answers describe it.
+    """A served model, as Ollama's list, show and ps answers describe it.
 
     Args:
         names: The names it is served under (the first is its name).
-        config: Its configuration (family, sizes).
+        config: Its configuration (family, sizes); ``None`` until it is first loaded.
         context_length: The most tokens one request may hold here.
         size: Bytes of its weights, as held.
         digest: ``sha256:...`` (see the module's note).
@@ -57,10 +66,14 @@ class ModelCard:
         fim: The text of its FIM prefix, suffix and middle tokens, if it has them.
         stops: The text of the tokens that end its replies.
         layout: How a fill's prompt is laid out (the server's choice).
+        embeds: An embedding model (it generates no text).
+        parameter_total: Its parameters, when not counted from ``config`` as a decoder's
+            (an encoder's).
+        expires_at: Unix time its keep-alive ends (``inf``: never).
     """
 
     names: tuple[str, ...]
-    config: ModelConfig
+    config: ModelConfig | None
     context_length: int
     size: int
     digest: str
@@ -71,19 +84,15 @@ class ModelCard:
     fim: tuple[str, str, str] | None
     stops: tuple[str, ...]
     layout: Layout = Layout.PSM
+    embeds: bool = False
+    parameter_total: int | None = None
+    expires_at: float = math.inf
 
     @classmethod
     def of(cls, engine: Engine, names: tuple[str, ...], layout: str) -> ModelCard:
         """The card of the model ``engine`` serves under ``names``, its fills laid out in
         ``layout`` (:class:`~infer.api.fim.Layout`)."""
-        name, tokenizer, fim = engine.model_name, engine.tokenizer, engine.fim
-        packaged = PACKAGED_MODELS.get(name)
-        file = packaged.file if packaged is not None else name
-        digest = packaged.sha256 if packaged else hashlib.sha256(name.encode()).hexdigest()
-        found = QUANTIZATION.search(file) if engine.config.weights == "auto" else None
-        quantization = found[1].upper() if found else DTYPES.get(engine.config.dtype, "")
-        if engine.config.weights in ("int8", "int4"):
-            quantization = engine.config.weights.upper()
+        tokenizer, fim = engine.tokenizer, engine.fim
 
         def texts(token: int) -> str:
             return str(tokenizer.convert_ids_to_tokens(token))
@@ -93,14 +102,60 @@ class ModelCard:
             config=engine.model.config,
             context_length=engine.max_seq_len,
             size=engine.model_bytes,
-            digest=f"sha256:{digest}",
-            file_format="gguf" if file.endswith(".gguf") else "safetensors",
-            quantization=quantization,
+            **_source(engine.config, engine.model_name),
             loaded_at=engine.loaded_at,
             chat_template=getattr(tokenizer, "chat_template", None) or None,
             fim=(texts(fim.prefix), texts(fim.suffix), texts(fim.middle)) if fim else None,
             stops=tuple(texts(i) for i in sorted(engine.eos_token_ids)),
             layout=Layout(layout),
+        )
+
+    @classmethod
+    def of_embedder(
+        cls, embedder: Embedder, names: tuple[str, ...], config: EngineConfig, size: int
+    ) -> ModelCard:
+        """The card of the embedding model ``embedder`` runs, loaded as ``config`` says and
+        holding ``size`` bytes (its parameters counted from its configuration)."""
+        hf, heads = embedder.loaded.config, embedder.loaded.config.num_attention_heads
+        shape = ModelConfig(
+            architecture="bert",  # Ollama's family of a BERT encoder (the only kind served)
+            vocab_size=hf.vocab_size,
+            hidden_size=hf.hidden_size,
+            intermediate_size=hf.intermediate_size,
+            num_hidden_layers=hf.num_hidden_layers,
+            num_attention_heads=heads,
+            num_key_value_heads=heads,
+            head_dim=hf.head_dim,
+            max_position_embeddings=hf.max_position_embeddings,
+        )
+        return cls(
+            names=names,
+            config=shape,
+            context_length=embedder.max_length,
+            size=size,
+            **_source(config, embedder.name),
+            loaded_at=embedder.loaded_at,
+            chat_template=None,
+            fim=None,
+            stops=(),
+            embeds=True,
+            parameter_total=_encoder_parameters(hf),
+        )
+
+    @classmethod
+    def unloaded(cls, names: tuple[str, ...], config: EngineConfig, size: int) -> ModelCard:
+        """What is known of a model not loaded yet: its names, its source, and the bytes it
+        is estimated to take (``modified_at``: now)."""
+        return cls(
+            names=names,
+            config=None,
+            context_length=config.max_seq_len or 0,
+            size=size,
+            **_source(config, config.model),
+            loaded_at=time.time(),
+            chat_template=None,
+            fim=None,
+            stops=(),
         )
 
     @property
@@ -109,7 +164,7 @@ class ModelCard:
 
     @property
     def family(self) -> str:
-        return self.config.family
+        return self.config.family if self.config is not None else ""
 
     @property
     def tools(self) -> bool:
@@ -123,7 +178,10 @@ class ModelCard:
         return CLOSE in (self.chat_template or "")
 
     def capabilities(self) -> list[str]:
-        """Ollama's capability names: ``insert`` where it fills in the middle."""
+        """Ollama's capability names: ``insert`` where it fills in the middle; an embedding
+        model's, ``embedding`` alone."""
+        if self.embeds:
+            return ["embedding"]
         wanted = {"tools": self.tools, "insert": self.fim is not None, "thinking": self.thinking}
         return ["completion", *(name for name, has in wanted.items() if has)]
 
@@ -158,7 +216,9 @@ class ModelCard:
 
     def parameter_count(self) -> int:
         """Its parameters, counted from its configuration (embeddings, attention, MLP and
-        norms; a family's extra norms are left out)."""
+        norms; a family's extra norms are left out); 0 while nothing is known of them."""
+        if self.parameter_total is not None or self.config is None:
+            return self.parameter_total or 0
         c = self.config
         hidden, q = c.hidden_size, c.num_attention_heads * c.head_dim
         kv = c.num_key_value_heads * c.head_dim
@@ -171,9 +231,11 @@ class ModelCard:
     def model_info(self) -> dict[str, object]:
         """Ollama's ``model_info``: GGUF's key names, under the model's family."""
         c, family = self.config, self.family
-        return {
+        general: dict[str, object] = {"general.basename": self.name}
+        if c is None:
+            return general
+        return general | {
             "general.architecture": family,
-            "general.basename": self.name,
             "general.parameter_count": self.parameter_count(),
             f"{family}.context_length": self.context_length,
             f"{family}.embedding_length": c.hidden_size,
@@ -183,6 +245,37 @@ class ModelCard:
             f"{family}.attention.head_count_kv": c.num_key_value_heads,
             f"{family}.vocab_size": c.vocab_size,
         }
+
+
+def _encoder_parameters(c: BertConfig) -> int:
+    """A BERT encoder's parameters (its embeddings, layers and norms; no pooler)."""
+    h, i = c.hidden_size, c.intermediate_size
+    embeddings = (c.vocab_size + c.max_position_embeddings + c.type_vocab_size) * h + 2 * h
+    layer = 4 * (h * h + h) + 2 * (h * i) + i + h + 4 * h
+    return embeddings + c.num_hidden_layers * layer
+
+
+class _Source(TypedDict):
+    digest: str
+    file_format: str
+    quantization: str
+
+
+def _source(config: EngineConfig, name: str) -> _Source:
+    """The digest, file format and quantization of a model named ``name`` loaded from
+    ``config.model``."""
+    packaged = PACKAGED_MODELS.get(name) or PACKAGED_MODELS.get(config.model)
+    file = packaged.file if packaged is not None else name
+    digest = packaged.sha256 if packaged else hashlib.sha256(config.model.encode()).hexdigest()
+    found = QUANTIZATION.search(file) if config.weights == "auto" else None
+    quantization = found[1].upper() if found else DTYPES.get(config.dtype, "")
+    if config.weights in ("int8", "int4"):
+        quantization = config.weights.upper()
+    return {
+        "digest": f"sha256:{digest}",
+        "file_format": "gguf" if file.endswith(".gguf") else "safetensors",
+        "quantization": quantization,
+    }
 
 
 def human_number(n: int) -> str:

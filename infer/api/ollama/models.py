@@ -11,11 +11,21 @@ server's context).
 
 from __future__ import annotations
 
+import dataclasses
 import re
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 import jsonschema
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    field_validator,
+    model_validator,
+)
 
 from infer.api.engine_request import EngineRequest, Prompt
 from infer.api.errors import APIError, ErrorCode
@@ -32,6 +42,7 @@ from infer.api.messages import ToolCall as HistoryCall
 from infer.api.messages import tool_choice as offered_tools
 from infer.api.ollama.card import ModelCard
 from infer.api.tools import ToolChoice
+from infer.catalog import parse_keep_alive
 from infer.engine.params import (
     SEED_MAX,
     EditorStops,
@@ -63,9 +74,16 @@ _DURATION = re.compile(r"[-+]?(?:(?:\d+\.?\d*|\.\d+)(?:ns|us|µs|μs|ms|s|m|h))+
 CONTINUE_REPO_END = "<|system_separator_istruction_repository_level|>"
 FILE_SEP = "<|file_sep|>"
 
+
+def _duration(value: float | str) -> float | str:
+    if isinstance(value, str) and not _DURATION.fullmatch(value):
+        raise ValueError(f"{value!r} is not a duration (such as 5m, 1h or -1s)")
+    return value
+
+
 Think = bool | Literal["high", "medium", "low", "max"]
 Format = Literal["", "json"] | dict[str, Any]
-KeepAlive = float | str
+KeepAlive = Annotated[float | str, AfterValidator(_duration)]
 Stops = Annotated[list[Annotated[str, Field(min_length=1)]], Field(max_length=MAX_STOPS)]
 
 
@@ -79,6 +97,18 @@ class OllamaBody(BaseModel):
     @classmethod
     def _nulls_are_defaults(cls, data: Any) -> Any:
         return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
+
+
+class KeptAlive(OllamaBody):
+    """A body that names a model, and how long it stays loaded once idle: a Go duration
+    (``5m``), or seconds; 0 unloads it once answered, a negative one keeps it for ever."""
+
+    model: str
+    keep_alive: KeepAlive | None = None
+
+    def keep_alive_s(self) -> float | None:
+        """``keep_alive`` in seconds (``inf``: for ever; ``None``: the model's default)."""
+        return None if self.keep_alive is None else parse_keep_alive(self.keep_alive)
 
 
 class OllamaOptions(OllamaBody):
@@ -108,14 +138,14 @@ class OllamaOptions(OllamaBody):
         """One reply to ``prompt`` sampled as these options say.
 
         Raises:
-            APIError: ``num_ctx`` is more than this server's context.
+            APIError: ``num_ctx`` is more than the model's context here.
         """
         if self.num_ctx is not None and self.num_ctx > card.context_length:
             raise APIError(
                 ErrorCode.CONTEXT_LENGTH_EXCEEDED,
-                f"options.num_ctx: {self.num_ctx} tokens is more than this server's context, "
-                f"{card.context_length} tokens; it is set when the server starts "
-                "(--max-seq-len), not per request",
+                f"options.num_ctx: {self.num_ctx} tokens is more than the context of "
+                f"{card.name!r} here, {card.context_length} tokens; it is set when the server "
+                "starts (--max-seq-len, or the model's max_seq_len), not per request",
             )
         params = SamplingParams(
             temperature=self.temperature,
@@ -139,15 +169,13 @@ class OllamaOptions(OllamaBody):
         )
 
 
-class ReplyFields(OllamaBody):
+class ReplyFields(KeptAlive):
     """What ``/api/generate`` and ``/api/chat`` share."""
 
-    model: str
     stream: bool = True
     format: Format | None = None
     options: OllamaOptions = Field(default_factory=OllamaOptions)
     think: Think | None = None
-    keep_alive: KeepAlive | None = None
     truncate: bool | None = None  # accepted: a prompt too long is refused, never cut
     shift: bool | None = None  # accepted: the context never shifts
     logprobs: bool = False  # refused when true
@@ -162,13 +190,6 @@ class ReplyFields(OllamaBody):
                 "/v1/chat/completions"
             )
         return logprobs
-
-    @field_validator("keep_alive")
-    @classmethod
-    def _duration(cls, value: KeepAlive | None) -> KeepAlive | None:
-        if isinstance(value, str) and not _DURATION.fullmatch(value):
-            raise ValueError(f"{value!r} is not a duration (such as 5m, 1h or -1s)")
-        return value
 
     @field_validator("format")
     @classmethod
@@ -191,7 +212,13 @@ class ReplyFields(OllamaBody):
         raise NotImplementedError
 
     def engine_request(self, card: ModelCard) -> EngineRequest:
-        """The one reply the request asks for."""
+        """The one reply the request asks for, of the model ``card`` describes, kept loaded
+        as ``keep_alive`` says."""
+        request = self.reply(card)
+        return dataclasses.replace(request, model=card.name, keep_alive=self.keep_alive_s())
+
+    def reply(self, card: ModelCard) -> EngineRequest:
+        """The reply, as the route's body asks for it."""
         raise NotImplementedError
 
     def unloads(self) -> bool:
@@ -246,7 +273,7 @@ class OllamaGenerateRequest(ReplyFields):
     def loads_only(self) -> bool:
         return not self.prompt
 
-    def engine_request(self, card: ModelCard) -> EngineRequest:
+    def reply(self, card: ModelCard) -> EngineRequest:
         """The completion: ``raw``, the prompt as it is (a ``suffix`` is then ignored, as
         Ollama ignores it); with a ``suffix``, a fill built by the FIM prompt builder;
         else the prompt (and ``system``) through the chat template, as a user's message."""
@@ -266,7 +293,7 @@ REFUSED = {
     "template": "template is not supported: the model's own chat template renders prompts",
     "context": "context is not supported (Ollama deprecates it): send the conversation to "
     "/api/chat",
-    "images": "images are not supported: this server serves a text-only model",
+    "images": "images are not supported: the models served here read text only",
 }
 
 
@@ -342,7 +369,7 @@ class OllamaChatRequest(ReplyFields):
     def loads_only(self) -> bool:
         return not self.messages
 
-    def engine_request(self, card: ModelCard) -> EngineRequest:
+    def reply(self, card: ModelCard) -> EngineRequest:
         """The reply to the conversation, offered its tools (the model decides)."""
         kwargs = self.template_kwargs(card)
         tools = None
@@ -409,24 +436,33 @@ class OllamaShowRequest(OllamaBody):
         return self.model or self.name
 
 
-class OllamaEmbedRequest(OllamaBody):
-    """`POST /api/embed`: vectors of `input`."""
+class OllamaEmbedRequest(KeptAlive):
+    """`POST /api/embed`: vectors of `input` (none: the model is only loaded); an input
+    longer than the model takes is cut to it unless `truncate` is false."""
 
-    model: str
-    input: str | list[str]
+    input: str | list[str] = ""
     truncate: bool = True
     dimensions: Annotated[int, Field(ge=1)] | None = None
-    keep_alive: KeepAlive | None = None
-    options: OllamaOptions = Field(default_factory=OllamaOptions)
+    options: OllamaOptions = Field(default_factory=OllamaOptions)  # accepted, not used
+
+    def inputs(self) -> list[str]:
+        if isinstance(self.input, str):
+            return [self.input] if self.input else []
+        return self.input
 
 
-class OllamaEmbeddingsRequest(OllamaBody):
-    """`POST /api/embeddings` (Ollama's older route): the vector of `prompt`."""
+class OllamaEmbeddingsRequest(KeptAlive):
+    """`POST /api/embeddings` (Ollama's older route): the vector of `prompt` (none: the
+    model is only loaded)."""
 
-    model: str
     prompt: str = ""
-    keep_alive: KeepAlive | None = None
-    options: OllamaOptions = Field(default_factory=OllamaOptions)
+    options: OllamaOptions = Field(default_factory=OllamaOptions)  # accepted, not used
+
+    def inputs(self) -> list[str]:
+        return [self.prompt] if self.prompt else []
+
+
+Embeddable = OllamaEmbedRequest | OllamaEmbeddingsRequest
 
 
 def seconds(keep_alive: KeepAlive) -> float:
@@ -442,3 +478,9 @@ def model_names(name: str) -> tuple[str, ...]:
     (``name:latest``), and a tag as the served name's last part (Continue asks for
     ``qwen2.5-coder:0.5b`` by the served ``qwen2.5-coder-0.5b``)."""
     return (name, name.removesuffix(":latest"), name.replace(":", "-"))
+
+
+def served_name(name: str, serves: Callable[[str], bool]) -> str | None:
+    """The served name a client's ``model`` means (see :func:`model_names`); ``None``: no
+    model served here."""
+    return next((n for n in model_names(name) if serves(n)), None)

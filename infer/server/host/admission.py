@@ -43,11 +43,6 @@ PROMPT_BYTES_PER_TOKEN = 16
 _SEED_STEP = 0x9E3779B97F4A7C15  # odd: choices of one seed never collide
 
 
-def check_model(state: ServerState, model: str | None) -> None:
-    """Refuse a ``model`` this server does not serve; ``None`` means the default one."""
-    state.models.resolve(model)
-
-
 @asynccontextmanager
 async def generating(
     state: ServerState, model: str | None, keep_alive_s: float | None = None
@@ -298,7 +293,9 @@ async def admit(
         on_end(stream.fail)
     stats, tokenizer = stream.stats, engine.tokenizer
     ticket = Ticket(stream.id, stats.created, slot.name, ids, len(choices), tokenizer, stats)
-    settled = dataclasses.replace(ticket, plan=plan, thinking=reasoning, truncated=truncated)
+    settled = dataclasses.replace(
+        ticket, plan=plan, thinking=reasoning, truncated=truncated, context=engine.max_seq_len
+    )
     return Admitted(stream, settled)
 
 

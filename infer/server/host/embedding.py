@@ -118,6 +118,7 @@ async def embed(
     truncate: bool = False,
     dimensions: int | None = None,
     keep_alive_s: float | None = None,
+    allow_empty: bool = False,
 ) -> Embedded:
     """Embed ``inputs`` with the model ``model`` names, loading it if it must.
 
@@ -128,6 +129,8 @@ async def embed(
         truncate: Cut an input longer than the model takes (else it is refused).
         dimensions: The vector length wanted (only the model's own is accepted).
         keep_alive_s: How long the model stays loaded once idle (Ollama's ``keep_alive``).
+        allow_empty: No input loads the model and embeds nothing (Ollama's ``/api/embed``);
+            else it is refused.
 
     Raises:
         APIError: The request is refused (counted in the metrics): the model is unknown,
@@ -141,6 +144,9 @@ async def embed(
     with counting_refusals(state, model):
         async with state.models.use(model, keep_alive_s) as slot:
             worker = slot.embedding()
+            if allow_empty and not inputs:
+                nothing = torch.empty(0, worker.embedder.dimensions)
+                return Embedded(slot.name, Embeddings(nothing, []))
             try:
                 result = await worker.embed(inputs, truncate, dimensions)
             except RequestError as e:

@@ -258,6 +258,21 @@ class ModelRegistry:
             slot.users -= 1
             self.touch(slot)
 
+    async def unload(self, name: str | None) -> ModelSlot:
+        """Unload the model ``name`` names now (Ollama's ``keep_alive: 0`` with nothing to
+        generate); one in use goes once idle, a pinned one stays.
+
+        Raises:
+            APIError: ``MODEL_NOT_FOUND``.
+        """
+        slot = self.resolve(name)
+        slot.keep_alive_s = 0.0
+        if slot.loaded and not slot.busy and not slot.pinned:
+            await self._unload([slot], "unloaded on request")
+        else:
+            self.touch(slot)
+        return slot
+
     def touch(self, slot: ModelSlot) -> None:
         """Note that ``slot`` may have gone idle: its keep-alive starts then."""
         now = trio.current_time()

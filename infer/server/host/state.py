@@ -112,17 +112,6 @@ class ServerState:
             raise APIError(ErrorCode.NOT_READY, "the model failed to load or the engine failed")
         raise APIError(ErrorCode.SHUTTING_DOWN)
 
-    def require_ready(self) -> tuple[Engine, EngineWorker]:
-        """The default model's engine and worker, when requests can be taken and it is
-        loaded (:func:`~infer.server.host.admission.generating` loads it when it is not).
-
-        Raises:
-            APIError: 503 while the model loads, after it failed, during shutdown, or while
-                it is unloaded; 400 when the default model embeds.
-        """
-        self.require_open()
-        return self.models.default.generator()
-
     async def run_engine(
         self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:

@@ -18,7 +18,7 @@ from infer.server.edge.errors import Dialect
 from infer.server.edge.exchange import answer, parse_body
 from infer.server.edge.framing import sse_with_heartbeat
 from infer.server.edge.openapi import documented
-from infer.server.host.admission import check_model, encode, tool_plan
+from infer.server.host.admission import encode, generating, tool_plan
 from infer.server.host.state import get_state
 
 blueprint = Blueprint("anthropic", __name__)
@@ -42,12 +42,12 @@ async def create_message() -> Response:
     "Anthropic", CountTokensRequest, bodies.AnthropicTokenCount, dialect=DIALECT, statuses=(404,)
 )
 async def count_tokens() -> Response:
-    """The tokens the prompt of these `messages` would take, template and tools included."""
+    """The tokens the prompt of these `messages` would take on `model`, template and tools
+    included."""
     with bodies.statuses():
         body = await parse_body(CountTokensRequest)
         state = get_state()
-        engine, _ = state.require_ready()
-        check_model(state, body.model)
-        plan = tool_plan(engine, body.offered_tools())
-        [ids] = await encode(state, engine, [body.prompt()], plan)
+        async with generating(state, body.model) as (_, engine, _):
+            plan = tool_plan(engine, body.offered_tools())
+            [ids] = await encode(state, engine, [body.prompt()], plan)
     return jsonify(bodies.AnthropicTokenCount(input_tokens=len(ids)))

@@ -29,6 +29,4 @@ async def infill() -> Response:
     body = await parse_body(InfillRequest)
     state = get_state()
     request = body.engine_request(Layout(state.config.fim_layout))
-    n_ctx = state.max_model_len or 0
-    writer = partial(InfillWriter, body, n_ctx=n_ctx, clock=trio.current_time)
-    return await answer(request, arrival, writer)
+    return await answer(request, arrival, partial(InfillWriter, body, clock=trio.current_time))
