@@ -62,7 +62,8 @@ def chunks(count: int = EMBED_BATCH, tokens: int = EMBED_TOKENS) -> list[str]:
     from infer.models.packaged import extract
 
     tokenizer = AutoTokenizer.from_pretrained(extract(EMBED))
-    text, start, pieces = Path(textwrap.__file__).read_text(), 0, []
+    text, start = Path(textwrap.__file__).read_text(), 0
+    pieces: list[str] = []
     while len(pieces) < count:
         low, high = start, min(len(text), start + 8 * tokens)
         while low < high:  # the longest piece from `start` that fits

@@ -273,22 +273,7 @@ async def admit(
             choices, params = _choices(engine, request, ids, grammar, healing)
             prediction = await _prediction(state, engine, request.prediction)
             state.require_open()  # a drain or an engine failure may have begun meanwhile
-            try:
-                stream = worker.submit(
-                    choices,
-                    params,
-                    arrival,
-                    request.trace,
-                    _timeout(state, request.timeout_s),
-                    num_prompts=len(ids),
-                    prediction=prediction,
-                )
-            except QueueFullError as e:
-                raise APIError(
-                    ErrorCode.QUEUE_FULL, f"the server is busy ({e}); retry shortly"
-                ) from None
-            except WorkerStoppedError:
-                raise APIError(ErrorCode.SHUTTING_DOWN) from None
+            stream = _submit(state, worker, request, choices, params, arrival, len(ids), prediction)
     if on_end is not None:
         on_end(stream.fail)
     stats, tokenizer = stream.stats, engine.tokenizer
@@ -297,6 +282,33 @@ async def admit(
         ticket, plan=plan, thinking=reasoning, truncated=truncated, context=engine.max_seq_len
     )
     return Admitted(stream, settled)
+
+
+def _submit(
+    state: ServerState,
+    worker: EngineWorker,
+    request: EngineRequest,
+    choices: list[list[int]],
+    params: list[SamplingParams],
+    arrival: float,
+    prompts: int,
+    prediction: list[int] | None,
+) -> RequestStream:
+    """Hand the choices to the model's worker.
+
+    Raises:
+        APIError: Its queue is full, or it has stopped.
+    """
+    timeout = _timeout(state, request.timeout_s)
+    try:
+        return worker.submit(
+            choices, params, arrival, request.trace, timeout, num_prompts=prompts,
+            prediction=prediction,
+        )  # fmt: skip
+    except QueueFullError as e:
+        raise APIError(ErrorCode.QUEUE_FULL, f"the server is busy ({e}); retry shortly") from None
+    except WorkerStoppedError:
+        raise APIError(ErrorCode.SHUTTING_DOWN) from None
 
 
 def _choices(
