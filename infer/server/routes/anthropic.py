@@ -42,8 +42,7 @@ async def create_message() -> Response:
     "Anthropic", CountTokensRequest, bodies.AnthropicTokenCount, dialect=DIALECT, statuses=(404,)
 )
 async def count_tokens() -> Response:
-    """The tokens the prompt of these `messages` would take on `model`, template and tools
-    included."""
+    """The tokens these `messages` would take on `model` (template and tools included)."""
     with bodies.statuses():
         body = await parse_body(CountTokensRequest)
         state = get_state()
