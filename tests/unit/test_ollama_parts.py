@@ -25,13 +25,13 @@ from infer.api.ollama.models import (
     OllamaShowRequest,
     fim_request,
     model_names,
-    seconds,
     served_name,
 )
 from infer.api.ollama.writer import OllamaWriter
 from infer.api.tools import ToolPlan, tool_format
 from infer.api.usage import Counts
 from infer.api.writer import Ticket
+from infer.catalog import parse_keep_alive
 from infer.engine.config import EngineConfig
 from infer.engine.request import Failure, FinishReason, StepOutput
 from infer.models.config import ModelConfig
@@ -227,11 +227,11 @@ def test_tools_are_offered_to_the_model_and_refused_beside_a_format() -> None:
 
 
 def test_keep_alive_names_and_embed_bodies() -> None:
-    assert [seconds(v) for v in (300, "5m", "1h30m", "-1s", "0", "250ms")] == [
+    assert [parse_keep_alive(v) for v in (300, "5m", "1h30m", "-1s", "0", "250ms")] == [
         300,
         300,
         5400,
-        -1,
+        math.inf,  # negative: for ever
         0,
         0.25,
     ]

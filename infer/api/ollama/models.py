@@ -12,7 +12,6 @@ server's context).
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
@@ -57,27 +56,21 @@ from infer.engine.params import (
 UNLIMITED = 2**31  # num_predict -1: until the reply ends or the context is full
 MAX_TOP_K = 2**31 - 1  # more than any vocabulary: off
 MAX_STOPS = 32  # Continue sends nine for Qwen2.5-Coder, and the model's own
-# A Go duration ("5m", "1h30m", "-1s", "0"), as keep_alive takes one
-_UNITS = {
-    "ns": 1e-9,
-    "us": 1e-6,
-    "µs": 1e-6,
-    "μs": 1e-6,
-    "ms": 1e-3,
-    "s": 1.0,
-    "m": 60.0,
-    "h": 3600.0,
-}
-_PART = re.compile(r"(\d+\.?\d*|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
-_DURATION = re.compile(r"[-+]?(?:(?:\d+\.?\d*|\.\d+)(?:ns|us|µs|μs|ms|s|m|h))+|[-+]?0")
 # Continue's end of the other files of a repository before the prefix (its spelling)
 CONTINUE_REPO_END = "<|system_separator_istruction_repository_level|>"
 FILE_SEP = "<|file_sep|>"
 
 
 def _duration(value: float | str) -> float | str:
-    if isinstance(value, str) and not _DURATION.fullmatch(value):
+    """A Go duration ("5m", "1h30m", "-1s", "0": a text needs its unit) or a number of
+    seconds, as Ollama's keep_alive takes one."""
+    digits = value.strip().lstrip("+-") if isinstance(value, str) else ""
+    if digits.replace(".", "", 1).isdigit() and digits != "0":
         raise ValueError(f"{value!r} is not a duration (such as 5m, 1h or -1s)")
+    try:
+        parse_keep_alive(value)
+    except ValueError:
+        raise ValueError(f"{value!r} is not a duration (such as 5m, 1h or -1s)") from None
     return value
 
 
@@ -223,7 +216,7 @@ class ReplyFields(KeptAlive):
 
     def unloads(self) -> bool:
         """Whether ``keep_alive`` asks to unload the model now (0)."""
-        return self.keep_alive is not None and seconds(self.keep_alive) == 0
+        return self.keep_alive is not None and parse_keep_alive(self.keep_alive) == 0
 
     def template_kwargs(self, card: ModelCard) -> dict[str, Any] | None:
         """The template's thinking switch: a model that reasons thinks unless ``think`` is
@@ -463,14 +456,6 @@ class OllamaEmbeddingsRequest(KeptAlive):
 
 
 Embeddable = OllamaEmbedRequest | OllamaEmbeddingsRequest
-
-
-def seconds(keep_alive: KeepAlive) -> float:
-    """A ``keep_alive`` in seconds (a number is seconds; negative: forever)."""
-    if not isinstance(keep_alive, str):
-        return float(keep_alive)
-    sign = -1.0 if keep_alive.startswith("-") else 1.0
-    return sign * sum(float(n) * _UNITS[unit] for n, unit in _PART.findall(keep_alive))
 
 
 def model_names(name: str) -> tuple[str, ...]:
