@@ -74,12 +74,15 @@ def replay(
     extra: list[dict[str, str]],
     sampled: dict[str, Any],
     model: str = "",
+    period_s: float = 0.0,
 ) -> list[Completion]:
     """Ask every keystroke's completion of the server at ``url``, one after the other (of
-    ``model``; "": the server's default, as llama.vim sends it)."""
-    done = []
+    ``model``; "": the server's default, as llama.vim sends it), each at least ``period_s``
+    after the one before (a person's pace; 0: at once)."""
+    done, started = [], -period_s
     with httpx.Client(base_url=url, timeout=600.0) as client:
         for k in keystrokes:
+            time.sleep(max(0.0, started + period_s - time.perf_counter()))
             body = k.body(extra, sampled) | {"model": model}
             started = time.perf_counter()
             response = client.post("/infill", json=body)
