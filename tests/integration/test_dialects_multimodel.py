@@ -70,10 +70,10 @@ def _walk(url: str) -> dict[str, Any]:
 
     client, http = Client(host=url), httpx.Client(base_url=url, timeout=120)
     got: dict[str, Any] = {"tags": client.list(), "ps at start": client.ps()}
-    got["show qwen"] = client.show(OLLAMA_QWEN)
-    got["show minilm"] = client.show("all-minilm:latest")
     fill = {"prompt": TOTAL, "suffix": AFTER, "options": GREEDY}
     got["fill"] = client.generate(model=OLLAMA_QWEN, **fill)  # type: ignore[arg-type]
+    got["show qwen"] = client.show(OLLAMA_QWEN)
+    got["show minilm"] = client.show("all-minilm:latest")
     # /infill routes by `model` and says the context of the model that answered;
     # llama.vim's "model": "" is the default (SmolLM2: it does not fill in the middle)
     code = {"input_prefix": TOTAL, "input_suffix": AFTER, "n_predict": 8}
@@ -141,9 +141,12 @@ async def test_the_dialects_speak_for_every_model(tmp_path) -> None:
     assert minilm.capabilities == ["embedding"] and minilm.details.family == "bert"
     assert minilm.modelinfo["bert.context_length"] == 256  # as sentence-transformers cuts
     assert minilm.modelinfo["general.parameter_count"] == 22_565_376  # all but its pooler
-    # a fill routed to Qwen while the default (SmolLM2) has no FIM tokens
+    # a fill routed to Qwen while the default (SmolLM2) has no FIM tokens; Qwen loaded for
+    # it, and its load_duration says how long it waited (SmolLM2 was loaded at start)
     fill = got["fill"]
     assert fill.model == OLLAMA_QWEN and fill.response.startswith("        total += x"), fill
+    assert fill.load_duration > 100_000_000 > got["chat"].load_duration
+    assert fill.load_duration + fill.prompt_eval_duration <= fill.total_duration
     # /api/embed and /api/embeddings give /v1/embeddings' vectors
     want = [d["embedding"] for d in got["openai"]["data"]]
     embed = got["embed"]

@@ -289,7 +289,9 @@ def _lines(writer: OllamaWriter, outs: list[StepOutput], counts: Counts) -> list
 
 def test_the_writer_streams_pieces_then_the_done_line() -> None:
     clock = iter([2.0, 2.0]).__next__
-    writer = OllamaWriter(_ticket(), "coder:latest", True, chat=False, clock=clock, wall=lambda: 0)
+    writer = OllamaWriter(
+        _ticket(), "coder:latest", True, chat=False, clock=clock, wall=lambda: 0, load_s=0.25
+    )
     outs = [_out("Hel", 1), _out("lo", 2), _out("", 2, FinishReason.EOS)]
     lines = _lines(writer, outs, Counts(3, 2))
     assert [line["response"] for line in lines] == ["Hel", "lo", ""]
@@ -298,9 +300,9 @@ def test_the_writer_streams_pieces_then_the_done_line() -> None:
     assert lines[0]["created_at"] == "1970-01-01T00:00:00.000000Z"
     last = lines[-1]
     assert last["done_reason"] == "stop" and last["eval_count"] == 2
-    assert last["prompt_eval_count"] == 3 and last["load_duration"] == 0
+    assert last["prompt_eval_count"] == 3 and last["load_duration"] == 250_000_000
     assert last["total_duration"] == 1_000_000_000 and last["eval_duration"] == 500_000_000
-    assert last["prompt_eval_duration"] == 500_000_000
+    assert last["prompt_eval_duration"] == 250_000_000  # from arrival, less the load
 
 
 def test_the_writer_keeps_thinking_apart_and_sends_whole_calls() -> None:
@@ -400,3 +402,12 @@ def test_the_other_kind_of_model_is_refused_in_ollamas_words() -> None:
     with pytest.raises(APIError) as other, bodies.refusing("x", "chat"):
         raise APIError(ErrorCode.QUEUE_FULL)
     assert other.value.code is ErrorCode.QUEUE_FULL
+
+
+def test_an_embedding_answer_says_how_long_it_waited_for_its_model() -> None:
+    import torch
+
+    answer = bodies.embedded("all-minilm", torch.zeros(2, 3), 7, spent=1.5, load_s=1.25)
+    assert answer["embeddings"] == [[0.0] * 3] * 2 and answer["prompt_eval_count"] == 7
+    assert answer["total_duration"] == 1_500_000_000
+    assert answer["load_duration"] == 1_250_000_000

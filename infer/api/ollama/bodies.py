@@ -266,28 +266,33 @@ def done_reason(outcome: Outcome) -> DoneReason | None:
     return "length" if outcome is FinishReason.LENGTH else "stop"
 
 
-def durations(timing: Timing, now: float, prompt: int, generated: int) -> dict[str, int]:
-    """The counts and the durations (nanoseconds) of the last line. Reading the prompt
-    counts from the request's arrival (its wait, and a load on demand, included)."""
+def durations(
+    timing: Timing, now: float, prompt: int, generated: int, load_s: float = 0.0
+) -> dict[str, int]:
+    """The counts and the durations (nanoseconds) of the last line. ``load_s``: how long the
+    request waited for its model to be loaded; reading the prompt counts from then (its wait
+    in the queue included)."""
     first = timing.first_token_at if timing.first_token_at is not None else now
     return {
         "total_duration": _ns(now - timing.arrival),
-        "load_duration": 0,
+        "load_duration": _ns(load_s),
         "prompt_eval_count": prompt,
-        "prompt_eval_duration": _ns(first - timing.arrival),
+        "prompt_eval_duration": _ns(max(0.0, first - timing.arrival - load_s)),
         "eval_count": generated,
         "eval_duration": _ns(now - first),
     }
 
 
-def embedded(model: str, vectors: Tensor, tokens: int, spent: float) -> OllamaEmbedResponse:
-    """``/api/embed``'s answer: ``spent`` seconds from the request's arrival (a load on
-    demand included)."""
+def embedded(
+    model: str, vectors: Tensor, tokens: int, spent: float, load_s: float = 0.0
+) -> OllamaEmbedResponse:
+    """``/api/embed``'s answer: ``spent`` seconds from the request's arrival, ``load_s`` of
+    them waiting for the model to be loaded."""
     return {
         "model": model,
         "embeddings": vectors.tolist(),
         "total_duration": _ns(spent),
-        "load_duration": 0,
+        "load_duration": _ns(load_s),
         "prompt_eval_count": tokens,
     }
 

@@ -24,17 +24,17 @@ from infer.engine.request import Outcome, StepOutput
 
 
 def generate_writer(
-    body: OllamaGenerateRequest, ticket: Ticket, clock: Callable[[], float]
+    body: OllamaGenerateRequest, ticket: Ticket, clock: Callable[[], float], load_s: float = 0.0
 ) -> OllamaWriter:
     """The writer of an admitted ``/api/generate`` request."""
-    return OllamaWriter(ticket, body.model, body.stream, chat=False, clock=clock)
+    return OllamaWriter(ticket, body.model, body.stream, False, clock, load_s=load_s)
 
 
 def chat_writer(
-    body: OllamaChatRequest, ticket: Ticket, clock: Callable[[], float]
+    body: OllamaChatRequest, ticket: Ticket, clock: Callable[[], float], load_s: float = 0.0
 ) -> OllamaWriter:
     """The writer of an admitted ``/api/chat`` request."""
-    return OllamaWriter(ticket, body.model, body.stream, chat=True, clock=clock)
+    return OllamaWriter(ticket, body.model, body.stream, True, clock, load_s=load_s)
 
 
 class OllamaWriter(Writer):
@@ -47,6 +47,7 @@ class OllamaWriter(Writer):
         chat: ``/api/chat``'s ``message`` (else ``/api/generate``'s ``response``).
         clock: The clock of the ticket's timing (the host's).
         wall: Unix time, for ``created_at``.
+        load_s: How long the request waited for its model to be loaded.
     """
 
     def __init__(
@@ -57,10 +58,11 @@ class OllamaWriter(Writer):
         chat: bool,
         clock: Callable[[], float],
         wall: Callable[[], float] = time.time,
+        load_s: float = 0.0,
     ) -> None:
         super().__init__(streamed)
         self.ticket, self.model, self.chat = ticket, model, chat
-        self.clock, self.wall = clock, wall
+        self.clock, self.wall, self.load_s = clock, wall, load_s
         self.reply = (
             ReplyParser(ticket.plan, ticket.thinking) if ticket.plan or ticket.thinking else None
         )
@@ -124,7 +126,7 @@ class OllamaWriter(Writer):
         line["done_reason"] = bodies.done_reason(self.outcome)
         timing = self.ticket.timing
         spent = bodies.durations(
-            timing, self.clock(), counts.prompt_tokens, counts.completion_tokens
+            timing, self.clock(), counts.prompt_tokens, counts.completion_tokens, self.load_s
         )
         return line | spent
 

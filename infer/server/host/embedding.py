@@ -105,10 +105,12 @@ class EmbedWorker:
 
 
 class Embedded(NamedTuple):
-    """What :func:`embed` answers: the vectors, and the name of the model that made them."""
+    """What :func:`embed` answers: the vectors, the name of the model that made them, and
+    how long the request waited for it to be loaded."""
 
     model: str
     embeddings: Embeddings
+    load_s: float = 0.0
 
 
 async def embed(
@@ -142,11 +144,13 @@ async def embed(
 
     state.require_open()
     with counting_refusals(state, model):
+        waited = trio.current_time()
         async with state.models.use(model, keep_alive_s) as slot:
+            load_s = trio.current_time() - waited
             worker = slot.embedding()
             if allow_empty and not inputs:
                 nothing = torch.empty(0, worker.embedder.dimensions)
-                return Embedded(slot.name, Embeddings(nothing, []))
+                return Embedded(slot.name, Embeddings(nothing, []), load_s)
             try:
                 result = await worker.embed(inputs, truncate, dimensions)
             except RequestError as e:
@@ -157,4 +161,4 @@ async def embed(
                 raise APIError(ErrorCode.SHUTTING_DOWN) from None
     slot.metrics.finished["stop"] += 1
     slot.metrics.prompt_tokens += result.total_tokens
-    return Embedded(slot.name, result)
+    return Embedded(slot.name, result, load_s)

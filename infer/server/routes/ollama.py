@@ -77,12 +77,14 @@ async def _reply(model: type[m.ReplyFields], writer: Callable[..., Writer], chat
         counting_refusals(state, slot.name),
         b.refusing(body.model, "chat" if chat else "generate"),
     ):
+        waited = trio.current_time()
         async with generating(state, slot.name, body.keep_alive_s()) as (slot, engine, _):
+            load_s = trio.current_time() - waited
             card = ModelCard.of(engine, slot.names, state.config.fim_layout)
             request = None if body.loads_only() else body.engine_request(card)
     if request is None:
         return jsonify(b.loaded(body.model, False, chat))
-    reply = partial(writer, body, clock=trio.current_time)
+    reply = partial(writer, body, clock=trio.current_time, load_s=load_s)
     return await answer(request, arrival, reply, NDJSON)
 
 
@@ -146,9 +148,10 @@ async def embed() -> Response:
     """A vector per `input` (a text or a list), from an embedding model."""
     arrival = trio.current_time()
     body = await parse_body(m.OllamaEmbedRequest)
-    done = (await _embed(body, body.truncate, body.dimensions)).embeddings
+    done = await _embed(body, body.truncate, body.dimensions)
     spent = trio.current_time() - arrival
-    return jsonify(b.embedded(body.model, done.vectors, done.total_tokens, spent))
+    vectors, tokens = done.embeddings.vectors, done.embeddings.total_tokens
+    return jsonify(b.embedded(body.model, vectors, tokens, spent, done.load_s))
 
 
 @blueprint.post("/api/embeddings")
