@@ -107,38 +107,33 @@ class OllamaReplyMessage(TypedDict):
     tool_calls: NotRequired[list[OllamaReplyCall]]
 
 
-class OllamaGenerateResponse(TypedDict):
-    """`POST /api/generate` with `stream: false`, and each line of its stream (the last
-    one `done`, with `done_reason`, the counts and the durations in nanoseconds)."""
+class OllamaReplyLine(TypedDict):
+    """What every line of a reply has; the last one is `done`, with `done_reason`, the counts
+    and the durations in nanoseconds."""
 
     model: str
     created_at: str
+    done: bool
+    done_reason: NotRequired[DoneReason]
+    total_duration: NotRequired[int]
+    load_duration: NotRequired[int]
+    prompt_eval_count: NotRequired[int]
+    prompt_eval_duration: NotRequired[int]
+    eval_count: NotRequired[int]
+    eval_duration: NotRequired[int]
+
+
+class OllamaGenerateResponse(OllamaReplyLine):
+    """`POST /api/generate` with `stream: false`, and each line of its stream."""
+
     response: str
     thinking: NotRequired[str]
-    done: bool
-    done_reason: NotRequired[DoneReason]
-    total_duration: NotRequired[int]
-    load_duration: NotRequired[int]
-    prompt_eval_count: NotRequired[int]
-    prompt_eval_duration: NotRequired[int]
-    eval_count: NotRequired[int]
-    eval_duration: NotRequired[int]
 
 
-class OllamaChatResponse(TypedDict):
+class OllamaChatResponse(OllamaReplyLine):
     """`POST /api/chat` with `stream: false`, and each line of its stream."""
 
-    model: str
-    created_at: str
     message: OllamaReplyMessage
-    done: bool
-    done_reason: NotRequired[DoneReason]
-    total_duration: NotRequired[int]
-    load_duration: NotRequired[int]
-    prompt_eval_count: NotRequired[int]
-    prompt_eval_duration: NotRequired[int]
-    eval_count: NotRequired[int]
-    eval_duration: NotRequired[int]
 
 
 class OllamaEmbedResponse(TypedDict):
