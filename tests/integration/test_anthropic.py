@@ -14,7 +14,6 @@ a stream that fails after it started.
 
 from __future__ import annotations
 
-import copy
 import json
 import time
 from collections.abc import Iterator
@@ -34,7 +33,7 @@ from infer.models.loader import LoadedModel
 from infer.server.app import create_app
 from infer.server.config import ServerConfig
 from support.apps import build_app
-from support.scripted import THINKING_TEMPLATE, ScriptedModel
+from support.scripted import IM_END, ScriptedModel, thinking_qwen3
 from support.server import (
     SSEEvent,
     StepGate,
@@ -44,7 +43,6 @@ from support.server import (
     running_server,
     server_thread,
 )
-from support.tiny import ours_from, tiny_reference
 
 pytestmark = pytest.mark.slow
 
@@ -112,18 +110,9 @@ def qwen(qwen_model: LoadedModel) -> Iterator[Served]:
 
 
 def _scripted_app(qwen_model: LoadedModel, **server: Any) -> tuple[Any, ScriptedModel, Any]:
-    tokenizer = copy.deepcopy(qwen_model.tokenizer)
-    tokenizer.chat_template = THINKING_TEMPLATE
-    ref = tiny_reference(
-        "qwen3",
-        perturb=False,
-        vocab_size=len(tokenizer),
-        intermediate_size=128,
-        max_position_embeddings=32768,
-    )
-    model = ScriptedModel(ours_from(ref), 151645)
+    model, tokenizer = thinking_qwen3(qwen_model.tokenizer)
     config = EngineConfig(max_seq_len=2048, max_batch_size=2, dtype="float32")
-    engine = Engine(config, model, tokenizer, {151645}, TINY)
+    engine = Engine(config, model, tokenizer, {IM_END}, TINY)
     return (
         create_app(ServerConfig(engine=config, api_keys=(KEY,), **server), engine),
         model,

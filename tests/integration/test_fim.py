@@ -16,7 +16,7 @@ import httpx
 import pytest
 import trio
 
-from support.server import running_server
+from support.server import served
 
 pytestmark = pytest.mark.slow
 
@@ -28,9 +28,20 @@ SPECIAL = re.compile(r"<\|[a-z_]+\|>")
 AppFactory = Callable[..., Any]
 
 
-async def _run(app: Any, fn: Callable[[str], Any]) -> Any:
-    async with running_server(app) as server:
-        return await trio.to_thread.run_sync(fn, server.url)
+# What llama.vim asks /infill to answer (its response_fields; autoload/llama.vim)
+VIM_FIELDS = [
+    "content",
+    "timings/prompt_n",
+    "timings/prompt_ms",
+    "timings/prompt_per_token_ms",
+    "timings/prompt_per_second",
+    "timings/predicted_n",
+    "timings/predicted_ms",
+    "timings/predicted_per_token_ms",
+    "timings/predicted_per_second",
+    "truncated",
+    "tokens_cached",
+]
 
 
 def llama_vim(prefix: str, middle: str, suffix: str, indent: int, **extra: Any) -> dict[str, Any]:
@@ -52,19 +63,7 @@ def llama_vim(prefix: str, middle: str, suffix: str, indent: int, **extra: Any) 
         "cache_prompt": True,
         "t_max_prompt_ms": 500,
         "t_max_predict_ms": 1000,
-        "response_fields": [
-            "content",
-            "timings/prompt_n",
-            "timings/prompt_ms",
-            "timings/prompt_per_token_ms",
-            "timings/prompt_per_second",
-            "timings/predicted_n",
-            "timings/predicted_ms",
-            "timings/predicted_per_token_ms",
-            "timings/predicted_per_second",
-            "truncated",
-            "tokens_cached",
-        ],
+        "response_fields": VIM_FIELDS,
         "model": "",
         **extra,
     }
@@ -100,23 +99,11 @@ def test_infill_answers_what_llama_vim_and_llama_vscode_send(qwen_app: AppFactor
         two = client.post("/infill", json=llama_vscode(TOTAL, "", "\n", 0) | {"n_cmpl": 2})
         return vim.text, client.post("/infill", json=warm).json(), vscode.json(), two.json()
 
-    raw, warm, vscode, two = trio.run(_run, qwen_app(), run)
+    raw, warm, vscode, two = trio.run(served, qwen_app(), run)
     # llama.vim reads the body only where it matches this (compact JSON)
     assert re.search(r'"content"\s*:"', raw)
     vim = json.loads(raw)
-    assert set(vim) == {
-        "content",
-        "timings/prompt_n",
-        "timings/prompt_ms",
-        "timings/prompt_per_token_ms",
-        "timings/prompt_per_second",
-        "timings/predicted_n",
-        "timings/predicted_ms",
-        "timings/predicted_per_token_ms",
-        "timings/predicted_per_second",
-        "truncated",
-        "tokens_cached",
-    }
+    assert set(vim) == set(VIM_FIELDS)  # the fields it asked for, and no others
     assert vim["content"] and not SPECIAL.search(vim["content"]) and vim["truncated"] is False
     assert vim["timings/predicted_n"] > 0 and vim["tokens_cached"] > vim["timings/prompt_n"]
     assert warm == {}  # its warm-up asks for no fields
@@ -143,7 +130,7 @@ def test_every_editor_stop(qwen_app: AppFactory) -> None:
             "budget": fill(FIB, "\n", prompt="    else", t_max_predict_ms=1),
         }
 
-    got = trio.run(_run, qwen_app(), run)
+    got = trio.run(served, qwen_app(), run)
     # the fill reaches code that is already there: it ends before repeating it
     assert got["repeat"]["content"] == "        total += x"
     assert "    return total" in got["no repeat stop"]["content"]
@@ -177,7 +164,7 @@ def test_suffix_through_the_openai_client(qwen_app: AppFactory) -> None:
             client.completions.create(**args, max_tokens=32, echo=True)
         return whole, streamed, refused.value
 
-    whole, streamed, refused = trio.run(_run, qwen_app(), run)
+    whole, streamed, refused = trio.run(served, qwen_app(), run)
     choice = whole.choices[0]
     assert choice.text == streamed == "        total += x" and choice.finish_reason == "stop"
     assert "echo is not supported with suffix" in str(refused)
@@ -198,7 +185,7 @@ def test_a_keystroke_reads_only_what_changed(qwen_app: AppFactory) -> None:
             read.append(client.post("/infill", json=body).json())
         return read
 
-    warm, *keys = trio.run(_run, qwen_app(engine={"max_seq_len": 2048}), run)
+    warm, *keys = trio.run(served, qwen_app(engine={"max_seq_len": 2048}), run)
     assert warm["content"] == "" and warm["tokens_predicted"] == 0
     for answer in keys:
         assert answer["timings"]["cache_n"] > 400  # the file around the cursor, cached
@@ -226,7 +213,7 @@ def test_keystrokes_that_replace_each_other_free_their_work(qwen_app: AppFactory
         last = client.post("/infill", json=body | {"n_predict": 8}, timeout=300)
         return health, last.json()
 
-    health, last = trio.run(_run, qwen_app(), run)
+    health, last = trio.run(served, qwen_app(), run)
     assert health["running"] == 0 and health["waiting"] == 0
     assert last["tokens_predicted"] == 8
 
@@ -240,7 +227,7 @@ def test_refusals_in_llama_cpp_shape(qwen_app: AppFactory, real_app: AppFactory)
             client.post("/infill", json={"input_prefix": "a", "input_suffix": "b", "top_k": -1}),
         ]
 
-    for response in trio.run(_run, qwen_app(), run):
+    for response in trio.run(served, qwen_app(), run):
         error = response.json()["error"]
         assert 400 <= response.status_code < 500 and error["code"] == response.status_code
         assert error["message"] and error["type"]
@@ -253,7 +240,7 @@ def test_refusals_in_llama_cpp_shape(qwen_app: AppFactory, real_app: AppFactory)
             client.post("/v1/completions", json=body),
         ]
 
-    infill, completion = trio.run(_run, real_app(), no_fim)
+    infill, completion = trio.run(served, real_app(), no_fim)
     assert infill.status_code == completion.status_code == 400
     assert SMOL in infill.json()["error"]["message"]
     assert completion.json()["error"]["code"] == "fim_not_supported"

@@ -16,7 +16,7 @@ import pytest
 import trio
 
 from support.apps import build_app
-from support.server import StepGate, parse_metrics, running_server, wait_for
+from support.server import StepGate, parse_metrics, running_server, served, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -54,11 +54,6 @@ QWEN_STOPS = [
     "<|im_end|>",
 ]
 AppFactory = Callable[..., Any]
-
-
-async def _run(app: Any, fn: Callable[[str], Any]) -> Any:
-    async with running_server(app) as server:
-        return await trio.to_thread.run_sync(fn, server.url)
 
 
 def _lines(response: httpx.Response) -> list[dict[str, Any]]:
@@ -103,7 +98,7 @@ def test_the_official_client(qwen_app: AppFactory) -> None:
             "head": httpx.head(url, headers=AUTH),
         }
 
-    got = trio.run(_run, qwen_app(engine={"max_seq_len": 1024}, api_keys=(KEY,)), run)
+    got = trio.run(served, qwen_app(engine={"max_seq_len": 1024}, api_keys=(KEY,)), run)
     [listed] = got["list"].models
     assert listed.model == QWEN and listed.size > 0 and listed.digest.startswith("sha256:")
     assert listed.details.family == "qwen2" and listed.details.quantization_level == "Q4_K_M"
@@ -196,7 +191,7 @@ def test_what_continue_sends(qwen_app: AppFactory) -> None:
             "unknown": client.post("/api/generate", json={"model": "llama3:8b", "prompt": "x"}),
         }
 
-    got = trio.run(_run, qwen_app(engine={"max_seq_len": 1024}, api_keys=(KEY,)), run)
+    got = trio.run(served, qwen_app(engine={"max_seq_len": 1024}, api_keys=(KEY,)), run)
     assert ".Suffix" in got["show"]["template"]  # Continue fills in the middle
     assert got["num_ctx"] == 1024
     for name in ("fim", "repo", "raw"):
@@ -289,7 +284,7 @@ def test_refusals_in_ollamas_shape_and_the_key_on_every_route(
             "openapi": client.get("/openapi.json").json(),
         }
 
-    got = trio.run(_run, _tiny(tiny_model, default_tokenizer), run)
+    got = trio.run(served, _tiny(tiny_model, default_tokenizer), run)
     for (path, _, status, message), response in zip(refused, got["refused"], strict=True):
         assert response.status_code == status, (path, response.text)
         assert set(response.json()) == {"error"} and message in response.json()["error"]

@@ -7,7 +7,6 @@ HTTP formats) is the real path.
 
 from __future__ import annotations
 
-import copy
 import json
 from typing import Any
 
@@ -19,9 +18,8 @@ from infer.engine.engine import Engine
 from infer.models.loader import LoadedModel
 from infer.server.app import create_app
 from infer.server.config import ServerConfig
-from support.scripted import THINKING_TEMPLATE, ScriptedModel
+from support.scripted import IM_END, ScriptedModel, thinking_qwen3
 from support.server import running_server
-from support.tiny import ours_from, tiny_reference
 
 pytestmark = pytest.mark.slow
 
@@ -30,20 +28,11 @@ ASK = [{"role": "user", "content": "What is the capital of France?"}]
 
 @pytest.fixture(scope="module")
 def thinking_app(qwen_model: LoadedModel) -> tuple[Any, ScriptedModel, Any]:
-    tokenizer = copy.deepcopy(qwen_model.tokenizer)
-    tokenizer.chat_template = THINKING_TEMPLATE
-    ref = tiny_reference(
-        "qwen3",
-        perturb=False,
-        vocab_size=len(tokenizer),
-        intermediate_size=128,
-        max_position_embeddings=32768,
-    )
-    model = ScriptedModel(ours_from(ref), 151645)
+    model, tokenizer = thinking_qwen3(qwen_model.tokenizer)
 
     def build() -> Any:
         engine_config = EngineConfig(max_seq_len=512, max_batch_size=2, dtype="float32")
-        engine = Engine(engine_config, model, tokenizer, {151645}, "tiny-qwen3")
+        engine = Engine(engine_config, model, tokenizer, {IM_END}, "tiny-qwen3")
         return create_app(ServerConfig(engine=engine_config), engine)
 
     return build, model, tokenizer

@@ -12,11 +12,10 @@ from typing import Any
 import httpx
 import jsonschema
 import pytest
-import trio
 
 from infer.bench import tool_cases
 from infer.bench.tool_cases import ASK_WEATHER, responses_shape
-from support.server import running_server
+from support.server import served
 
 pytestmark = pytest.mark.slow
 
@@ -36,11 +35,6 @@ TEXT_EVENTS = [
 ]
 
 AppFactory = Callable[..., Any]
-
-
-async def _run(app: Any, fn: Callable[[str], Any]) -> Any:
-    async with running_server(app) as server:
-        return await trio.to_thread.run_sync(fn, server.url)
 
 
 def _client(url: str) -> Any:
@@ -69,7 +63,7 @@ async def test_text_whole_and_streamed_agree(real_app: AppFactory) -> None:
         events = list(client.responses.create(**args, stream=True))
         return whole, events
 
-    whole, events = await _run(real_app(), run)
+    whole, events = await served(real_app(), run)
     assert whole.object == "response" and whole.id.startswith("resp_")
     assert whole.status in ("completed", "incomplete")
     assert whole.output_text.strip()
@@ -100,7 +94,7 @@ async def test_a_small_token_limit_ends_incomplete(real_app: AppFactory) -> None
         args = dict(model=MODEL, input="Tell me a long story about a dragon.", max_output_tokens=3)
         return client.responses.create(**args), list(client.responses.create(**args, stream=True))
 
-    whole, events = await _run(real_app(), run)
+    whole, events = await served(real_app(), run)
     assert whole.status == "incomplete"
     assert whole.incomplete_details.reason == "max_output_tokens"
     assert whole.usage.output_tokens == 3 and whole.output[0].status == "incomplete"
@@ -132,7 +126,7 @@ async def test_previous_response_id_continues_the_conversation(real_app: AppFact
         )
         return first, second, alone, unknown
 
-    first, second, alone, unknown = await _run(real_app(), run)
+    first, second, alone, unknown = await served(real_app(), run)
     assert second.previous_response_id == first.id
     # The history (the first question and its answer) went in before the new question.
     assert second.usage.input_tokens > alone.usage.input_tokens + first.usage.output_tokens
@@ -150,7 +144,7 @@ async def test_unstored_responses_cannot_be_continued(real_app: AppFactory) -> N
             timeout=60,
         )
 
-    answer = await _run(real_app(), run)
+    answer = await served(real_app(), run)
     assert answer.status_code == 404 and answer.json()["error"]["code"] == "response_not_found"
 
 
@@ -169,7 +163,7 @@ async def test_bad_requests_are_refused(real_app: AppFactory) -> None:
     def run(url: str) -> list[httpx.Response]:
         return [httpx.post(f"{url}/v1/responses", json=b, timeout=60) for b in bodies]
 
-    answers = await _run(real_app(), run)
+    answers = await served(real_app(), run)
     for body, answer in zip(bodies, answers, strict=True):
         assert 400 <= answer.status_code < 500, (body, answer.text)
         assert answer.json()["error"]["code"] == "invalid_value", answer.text
@@ -192,7 +186,7 @@ async def test_structured_output_through_text_format(real_app: AppFactory) -> No
             text={"format": {"type": "json_schema", "name": "colour", "schema": schema}},
         )
 
-    whole = await _run(real_app(), run)
+    whole = await served(real_app(), run)
     assert whole.status == "completed"
     jsonschema.validate(json.loads(whole.output_text), schema)
 
@@ -235,7 +229,7 @@ async def test_function_call_then_its_result(qwen_app: AppFactory) -> None:
         )
         return dict(whole=whole, events=events, call=call, chained=chained, inline=inline)
 
-    got = await _run(app, run)
+    got = await served(app, run)
     call = got["call"]
     assert call.name == "get_weather" and call.status == "completed"
     assert call.id.startswith("fc_") and call.call_id

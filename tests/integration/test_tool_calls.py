@@ -11,11 +11,10 @@ from typing import Any
 import httpx
 import jsonschema
 import pytest
-import trio
 
 from infer.api.tools import Openings, Tool, ToolPlan
 from infer.bench.tool_cases import ASK_WEATHER, SCHEMAS, TOOLS, WEATHER
-from support.server import running_server
+from support.server import running_server, served
 
 pytestmark = pytest.mark.slow
 
@@ -36,11 +35,6 @@ AppFactory = Callable[..., Any]
 
 def _valid(name: str, arguments: str) -> None:
     jsonschema.validate(json.loads(arguments), SCHEMAS[name])
-
-
-async def _run(app: Any, fn: Callable[[str], Any]) -> Any:
-    async with running_server(app) as server:
-        return await trio.to_thread.run_sync(fn, server.url)
 
 
 def _client(url: str) -> Any:
@@ -77,7 +71,7 @@ async def test_calls_come_back_parsed_in_every_choice_mode_streamed_and_not(
             results.append((whole, (calls, finish)))
         return results
 
-    results = await _run(qwen_app(engine={"max_seq_len": 1024}), run)
+    results = await served(qwen_app(engine={"max_seq_len": 1024}), run)
     for choice, (whole, (calls, finish)) in zip(CHOICES, results, strict=True):
         message = whole.choices[0].message
         assert whole.choices[0].finish_reason == "tool_calls" and finish == "tool_calls"
@@ -208,7 +202,7 @@ async def test_every_call_at_temperature_one_fits_its_schema(qwen_app: AppFactor
             for q in questions
         ]
 
-    responses = await _run(qwen_app(engine={"max_seq_len": 1024, "max_batch_size": 8}), run)
+    responses = await served(qwen_app(engine={"max_seq_len": 1024, "max_batch_size": 8}), run)
     calls = 0
     for i, response in enumerate(responses):
         forced = i >= len(responses) // 3  # required and named: a call in every choice
@@ -294,7 +288,7 @@ async def test_langchain_bind_tools_agent_loop_reaches_a_final_answer(
                 messages.append(ToolMessage(output, tool_call_id=call["id"]))
         return messages, executed
 
-    messages, executed = await _run(qwen_app(engine={"max_seq_len": 1024}), run)
+    messages, executed = await served(qwen_app(engine={"max_seq_len": 1024}), run)
     assert executed and executed[0]["city"] == "Paris"
     assert not messages[-1].tool_calls and messages[-1].content  # the loop ended in text
 
@@ -314,7 +308,7 @@ async def test_a_template_without_tools_gets_them_described(real_app: AppFactory
             max_tokens=128,
         )
 
-    response = await _run(real_app(), run)
+    response = await served(real_app(), run)
     message = response.choices[0].message
     assert response.choices[0].finish_reason == "tool_calls"
     for call in message.tool_calls:

@@ -7,12 +7,14 @@ script's next token the only likely one; :data:`THINKING_TEMPLATE` is Qwen3's sh
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from infer.models.context import PagedContext
+from support.tiny import ours_from, tiny_reference
 
 # Qwen3's shape: tools in a system turn, a reply that thinks unless enable_thinking is false
 # (then the prompt closes an empty block).
@@ -24,6 +26,8 @@ THINKING_TEMPLATE = (
     "{%- if add_generation_prompt %}<|im_start|>assistant\n{%- if enable_thinking is defined "
     "and enable_thinking is false %}<think>\n\n</think>\n\n{%- endif %}{%- endif %}"
 )
+
+IM_END = 151645  # Qwen's <|im_end|>: the scripted reply's EOS
 
 
 class ScriptedModel(nn.Module):
@@ -56,3 +60,18 @@ class ScriptedModel(nn.Module):
             out.logits[row] = -1e4
             out.logits[row, token] = 0.0
         return out
+
+
+def thinking_qwen3(tokenizer: Any) -> tuple[ScriptedModel, Any]:
+    """A tiny random Qwen3 that says what a test scripts, and a copy of ``tokenizer`` (Qwen's
+    vocabulary) with :data:`THINKING_TEMPLATE`."""
+    thinking = copy.deepcopy(tokenizer)
+    thinking.chat_template = THINKING_TEMPLATE
+    ref = tiny_reference(
+        "qwen3",
+        perturb=False,
+        vocab_size=len(thinking),
+        intermediate_size=128,
+        max_position_embeddings=32768,
+    )
+    return ScriptedModel(ours_from(ref), IM_END), thinking

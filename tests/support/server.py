@@ -81,6 +81,13 @@ async def running_server(
             stop.set()
 
 
+async def served(app: QuartTrio, fn: Callable[[str], Any]) -> Any:
+    """Serve ``app`` (as :func:`running_server`) while ``fn(url)``, a blocking client, runs
+    on a thread; its result."""
+    async with running_server(app) as server:
+        return await trio.to_thread.run_sync(fn, server.url)
+
+
 @contextmanager
 def stop_on_failure(nursery: trio.Nursery, gate: StepGate | None = None) -> Iterator[None]:
     """Cancel ``nursery`` (a server runs in it) and open ``gate`` if the block raises.
