@@ -17,14 +17,11 @@ import time
 
 import httpx
 
-from infer.bench.servers import infer_command, running_server
+from infer.bench.assistant import CHAT, COMPLETE, EMBED, serve_models
+from infer.bench.servers import running_server
 from infer.procs import free_port
 
-MODELS = {
-    "complete": "qwen2.5-coder-0.5b",
-    "chat": "qwen2.5-coder-1.5b",
-    "embed": "all-minilm-l6-v2",
-}
+MODELS = {"complete": COMPLETE, "chat": CHAT, "embed": EMBED}
 
 
 def first_answer(url: str, name: str) -> float:
@@ -39,20 +36,11 @@ def first_answer(url: str, name: str) -> float:
     return time.monotonic() - started
 
 
-def command(port: int, models: dict[str, str], threads: int) -> list[str]:
-    flags = [f for name, source in models.items() for f in ("--model", f"{name}={source}")]
-    cmd = infer_command(
-        port, "continuous", "default", "bfloat16", [*flags, "--num-threads", str(threads)]
-    )
-    at = cmd.index("--model")
-    del cmd[at : at + 2]  # the models above name themselves
-    return cmd
-
-
 def alone(name: str, source: str, threads: int) -> dict[str, float]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    with running_server(command(port, {name: source}, threads), url, "/health", timeout_s=900) as s:
+    command = serve_models(port, {name: source}, threads)
+    with running_server(command, url, "/health", timeout_s=900) as s:
         answer = first_answer(url, name)
         return {"ready_s": s.startup_s, "first_s": answer, "rss_mb": s.rss_mb()}
 
@@ -61,7 +49,7 @@ def together(threads: int) -> dict[str, float]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     out: dict[str, float] = {}
-    with running_server(command(port, MODELS, threads), url, "/health", timeout_s=900) as s:
+    with running_server(serve_models(port, MODELS, threads), url, "/health", timeout_s=900) as s:
         out["ready_s"] = s.startup_s
         for name in MODELS:
             out[f"{name}_first_s"] = first_answer(url, name)

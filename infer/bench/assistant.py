@@ -168,17 +168,21 @@ def minilm_gguf(folder: Path, out: Path) -> Path:
     return out
 
 
+def serve_models(port: int, models: dict[str, str], threads: int) -> list[str]:
+    """``infer serve`` of ``models`` (name: source; the first is the default)."""
+    flags = [f for name, source in models.items() for f in ("--model", f"{name}={source}")]
+    command = infer_command(port, "continuous", "default", "bfloat16", flags)
+    at = command.index("--model")
+    del command[at : at + 2]  # the plain --model infer_command gives: the flags name them all
+    return [*command, "--num-threads", str(threads)]
+
+
 @contextmanager
 def infer_server(threads: int) -> Iterator[dict[str, tuple[str, str]]]:
     """One ``infer serve`` with the three models: each part's URL and model name."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    flags = [
-        "--model", f"complete={COMPLETE}", "--model", f"chat={CHAT}", "--model", f"embed={EMBED}",
-        "--num-threads", str(threads),
-    ]  # fmt: skip
-    command = infer_command(port, "continuous", COMPLETE, "bfloat16", flags)
-    command[command.index("--model") : command.index("--model") + 2] = []  # the catalog names it
+    command = serve_models(port, {"complete": COMPLETE, "chat": CHAT, "embed": EMBED}, threads)
     with running_server(command, url, "/health", timeout_s=900):
         for name in ("chat", "embed"):  # loaded before the clock starts, as a pinned model is
             httpx.post(
