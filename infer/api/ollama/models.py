@@ -12,6 +12,7 @@ server's context).
 from __future__ import annotations
 
 import dataclasses
+from abc import abstractmethod
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
@@ -200,9 +201,9 @@ class ReplyFields(KeptAlive):
             return self.format
         return {"type": "object"} if self.format == "json" else None
 
+    @abstractmethod
     def loads_only(self) -> bool:
         """Whether there is nothing to generate (Ollama then only loads the model)."""
-        raise NotImplementedError
 
     def engine_request(self, card: ModelCard) -> EngineRequest:
         """The one reply the request asks for, of the model ``card`` describes, kept loaded
@@ -210,9 +211,9 @@ class ReplyFields(KeptAlive):
         request = self.reply(card)
         return dataclasses.replace(request, model=card.name, keep_alive=self.keep_alive_s())
 
+    @abstractmethod
     def reply(self, card: ModelCard) -> EngineRequest:
         """The reply, as the route's body asks for it."""
-        raise NotImplementedError
 
     def unloads(self) -> bool:
         """Whether ``keep_alive`` asks to unload the model now (0)."""

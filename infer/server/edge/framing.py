@@ -11,6 +11,7 @@ An NDJSON event is its JSON on one line; it has no names, ids or heartbeats.
 from __future__ import annotations
 
 import json
+from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -59,15 +60,15 @@ def split(blob: bytes) -> list[bytes]:
 
 
 @dataclass(frozen=True)
-class Framing:
+class Framing(ABC):
     """One way of putting events on the wire."""
 
     content_type: str
     heartbeat: bytes  # what a quiet stream sends (b"": nothing)
 
+    @abstractmethod
     def frame(self, events: Sequence[Event]) -> bytes:
         """The bytes of ``events``, in order."""
-        raise NotImplementedError
 
 
 class SSEFraming(Framing):
